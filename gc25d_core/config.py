@@ -1,0 +1,271 @@
+"""Typed configuration: one pydantic tree per run (DESIGN.md §5).
+
+Precedence: model defaults < preset YAML (configs/<name>.yaml) < overrides (dotted ``key=value``
+strings or a nested dict). Every model forbids unknown keys, so a typo in a preset fails loudly
+with the offending path. The resolved config is written to the run directory before work starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gc25d_core.atomic import atomic_write_text
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS_DIR = REPO_ROOT / "configs"
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors; instances are immutable and hashable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GeometryConfig(Strict):
+    """SPEC §1: crop x∈[crop_x0, crop_x1) of src → dst (v10: 1280×704 → [30,1250) → 832×480)."""
+
+    src_width: int = 1280
+    src_height: int = 704
+    crop_x0: int = 30
+    crop_x1: int = 1250
+    dst_width: int = 832
+    dst_height: int = 480
+
+    @model_validator(mode="after")
+    def _check(self) -> GeometryConfig:
+        if not (0 <= self.crop_x0 < self.crop_x1 <= self.src_width):
+            raise ValueError(f"crop [{self.crop_x0},{self.crop_x1}) must lie inside [0,{self.src_width})")
+        for name in ("dst_width", "dst_height"):
+            if getattr(self, name) % 32:
+                raise ValueError(f"{name}={getattr(self, name)} must be a multiple of 32 (VAE ×16, patch ×2)")
+        return self
+
+    @property
+    def latent_hw(self) -> tuple[int, int]:
+        return self.dst_height // 16, self.dst_width // 16
+
+
+class TimelineConfig(Strict):
+    """SPEC §2: 81 frames = 21 cells of 4 frames after the anchor; starts ∈ 96ℤ; 7 extension cells."""
+
+    num_frames: int = 81
+    frames_per_cell: int = 4
+    clip_stride: int = 96
+    num_ext_cells: int = 7
+
+    @model_validator(mode="after")
+    def _check(self) -> TimelineConfig:
+        if (self.num_frames - 1) % self.frames_per_cell:
+            raise ValueError("num_frames - 1 must be a multiple of frames_per_cell")
+        if self.clip_stride % self.frames_per_cell:
+            raise ValueError("clip_stride must be a multiple of frames_per_cell (blocks align with starts)")
+        return self
+
+    @property
+    def num_cells(self) -> int:
+        return 1 + (self.num_frames - 1) // self.frames_per_cell
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_cells - 1
+
+    @property
+    def num_ext_frames(self) -> int:
+        return self.num_ext_cells * self.frames_per_cell
+
+
+V10_VAL_RUNS: tuple[str, ...] = (
+    "R10_s1512",
+    "R10_s3512",
+    "R10_s5512",
+    "R10_s7511",
+    "R10_s9511",
+    "P9_golden_s2909",
+    "P9_autumn_s4908",
+    "P9C_golden_s6946",
+    "P9C_default_s8946",
+    "P9C_snow_s10945",
+)
+
+
+class DropListConfig(Strict):
+    path: Path
+    reason: str
+
+
+class IndexConfig(Strict):
+    """SPEC §5: run-level split and drop lists."""
+
+    val_runs: tuple[str, ...] = V10_VAL_RUNS
+    drop_lists: tuple[DropListConfig, ...] = ()
+    allow_missing_val_runs: bool = False
+
+
+class TextConfig(Strict):
+    """SPEC §4: the text table. Without a table file the synthetic table of ``dim`` columns is used."""
+
+    data_dir: Path = CONFIGS_DIR / "text"
+    table_path: Path | None = None
+    table_sha256: str | None = None
+    max_len: int = 512
+    dim: int = 4096
+    synthetic_seed: int = 0
+
+
+class RawConfig(Strict):
+    """Where the raw dataset lives. ``kind='codeworld'`` generates it; ``'v10'`` validates a real one."""
+
+    kind: Literal["codeworld", "v10"] = "v10"
+    root: Path = Path("data/raw/GameCrafter-Data-v10")
+    codeworld_preset: str = "tiny"
+    seed: int = 0
+
+
+class PathsConfig(Strict):
+    data_root: Path = Path("data/gc25d_v10")
+    runs_root: Path = Path("outputs")
+
+
+class DistributedConfig(Strict):
+    nproc_per_node: int = 8
+    nnodes: int = 1
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+
+
+class Gc25dConfig(Strict):
+    """The whole resolved configuration of a preset."""
+
+    name: str = "v10"
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cuda"
+    vocab: Literal["parts", "ids"] = "parts"
+    paths: PathsConfig = PathsConfig()
+    raw: RawConfig = RawConfig()
+    geometry: GeometryConfig = GeometryConfig()
+    timeline: TimelineConfig = TimelineConfig()
+    index: IndexConfig = IndexConfig()
+    text: TextConfig = TextConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    extra: dict[str, Any] = Field(default_factory=dict, description="stage sections not modelled yet")
+
+
+class ConfigError(ValueError):
+    """A preset or override failed validation; the message names the file and the field."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["timeline.num_frames=81", "index.val_runs=[a,b]"]`` → nested dict (values parsed as YAML)."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def preset_path(preset: str | os.PathLike[str]) -> Path:
+    """A preset name (``tiny``) resolves to configs/<name>.yaml; a path is taken as is."""
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    if not path.name or path.name != str(preset) or ".." in path.parts:
+        raise ConfigError(f"preset name {preset!r} must be a bare name or a .yaml path")
+    return CONFIGS_DIR / f"{preset}.yaml"
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {path} does not exist") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _resolve_relative(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Relative paths inside ``paths`` and ``raw.root`` are taken from the current directory, except
+    ``text.data_dir`` / ``text.table_path`` which are relative to the preset file's folder."""
+    text = data.get("text")
+    if isinstance(text, dict):
+        for key in ("data_dir", "table_path"):
+            if isinstance(text.get(key), str) and not os.path.isabs(text[key]):
+                text[key] = str((base_dir / text[key]).resolve())
+    return data
+
+
+def load_config(
+    preset: str | os.PathLike[str] = "tiny",
+    overrides: list[str] | tuple[str, ...] | dict[str, Any] | None = None,
+) -> Gc25dConfig:
+    """Resolve defaults < preset YAML < overrides into a validated ``Gc25dConfig``."""
+    path = preset_path(preset)
+    data = _resolve_relative(read_yaml(path), path.parent)
+    if isinstance(overrides, dict):
+        data = deep_merge(data, overrides)
+    elif overrides:
+        data = deep_merge(data, parse_overrides(overrides))
+    try:
+        return Gc25dConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, str(path))) from None
+
+
+def config_from_yaml(path: Path) -> Gc25dConfig:
+    """Load an already resolved config (as written by ``write_resolved``)."""
+    try:
+        return Gc25dConfig.model_validate(read_yaml(path))
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, str(path))) from None
+
+
+def to_yaml(cfg: BaseModel) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def write_resolved(cfg: BaseModel, run_dir: Path, name: str = "config.yaml") -> Path:
+    """Write the resolved config into ``run_dir`` atomically and return its path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / name
+    atomic_write_text(path, to_yaml(cfg))
+    return path

@@ -1,0 +1,71 @@
+"""Process-group helpers for torchrun jobs: ranks from the environment, init/teardown, sharding."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def global_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_distributed_launch() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and world_size() > 1
+
+
+def pick_backend(requested: str = "auto") -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@contextlib.contextmanager
+def process_group(backend: str = "auto", timeout_s: float = 600.0) -> Iterator[None]:
+    """Init the default group when launched by torchrun with world size > 1; always tear it down."""
+    import torch
+    import torch.distributed as dist
+
+    started = False
+    if is_distributed_launch() and not dist.is_initialized():
+        chosen = pick_backend(backend)
+        if chosen == "nccl":
+            torch.cuda.set_device(local_rank())
+        dist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout_s))
+        started = True
+    try:
+        yield
+    finally:
+        if started and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def shard(items: Sequence[T], rank: int | None = None, world: int | None = None) -> list[T]:
+    """Deterministic round-robin shard: item i goes to rank i % world."""
+    rank = global_rank() if rank is None else rank
+    world = world_size() if world is None else world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world of {world}")
+    return list(items[rank::world])

@@ -1,0 +1,166 @@
+"""Reporting for jobs: Dagster Pipes when launched by Dagster (global rank 0 only), stdout otherwise.
+
+Only global rank 0 may open Pipes: when every rank opens it, each writes a materialization to the
+same channel and the step fails ("Multiple materialize results", research/dagster_anchors.md A2.2).
+Other ranks get a reporter that logs to stderr with a rank prefix and reports nothing.
+
+    with open_reporter() as rep:
+        rep.log("starting")
+        bar = rep.progress(total=len(clips), unit="clips")
+        bar.update(1)
+        rep.metrics(step=10, loss=0.1)
+        rep.materialize({"num_clips": 12}, data_version="abc")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from gc25d_core.distributed import global_rank
+
+
+class Reporter(Protocol):
+    rank: int
+    extras: dict[str, Any]
+    retry_number: int
+
+    def log(self, message: str, level: str = "info") -> None: ...
+
+    def metrics(self, step: int | None = None, **values: float) -> None: ...
+
+    def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None: ...
+
+    def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress: ...
+
+
+class Progress:
+    """Counts done / total; logs rate and ETA at most every ``every_s`` seconds and at the end."""
+
+    def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
+        self.reporter, self.total, self.unit, self.every_s = reporter, total, unit, every_s
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._last = -math.inf
+
+    @property
+    def rate(self) -> float:
+        dt = time.monotonic() - self.t0
+        return self.done / dt if dt > 0 else 0.0
+
+    def summary(self) -> dict[str, float]:
+        rate = self.rate
+        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        return {"done": self.done, "total": self.total, "per_s": rate, "eta_s": eta}
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= self.every_s or self.done >= self.total:
+            self._last = now
+            s = self.summary()
+            eta = "?" if math.isnan(s["eta_s"]) else f"{s['eta_s']:.0f}s"
+            self.reporter.log(
+                f"{self.unit} {self.done}/{self.total} ({s['per_s']:.2f} {self.unit}/s, ETA {eta})"
+            )
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+class StdoutReporter:
+    """Standalone reporter: JSON lines on stdout from rank 0; other ranks log to stderr only."""
+
+    def __init__(self, rank: int | None = None, extras: dict[str, Any] | None = None):
+        self.rank = global_rank() if rank is None else rank
+        self.extras = extras or {}
+        self.retry_number = int(os.environ.get("GC25D_RETRY_NUMBER", "0"))
+        self.materializations: list[dict[str, Any]] = []
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.rank == 0:
+            print(json.dumps(record, default=_json_default), flush=True)
+
+    def log(self, message: str, level: str = "info") -> None:
+        if self.rank == 0:
+            self._emit({"event": "log", "level": level, "message": message})
+        else:
+            print(f"[rank {self.rank}] {level}: {message}", file=sys.stderr, flush=True)
+
+    def metrics(self, step: int | None = None, **values: float) -> None:
+        self._emit({"event": "metrics", "step": step, **values})
+
+    def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None:
+        if self.rank != 0:
+            return
+        self.materializations.append({"metadata": metadata, "data_version": data_version})
+        self._emit({"event": "materialize", "metadata": metadata, "data_version": data_version})
+
+    def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
+        return Progress(self, total, unit, every_s)
+
+
+def _pipes_metadata_value(v: Any) -> Any:
+    """Pipes metadata wants JSON scalars, lists or dicts; numpy scalars and paths are converted."""
+    if hasattr(v, "item") and not isinstance(v, (list, dict)):
+        return v.item()
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_pipes_metadata_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _pipes_metadata_value(x) for k, x in v.items()}
+    return str(v)
+
+
+class PipesReporter:
+    """Rank-0 reporter over an open Dagster Pipes context."""
+
+    def __init__(self, pipes: Any):
+        self.pipes = pipes
+        self.rank = 0
+        self.extras = dict(pipes.extras)
+        self.retry_number = int(pipes.retry_number)
+
+    def log(self, message: str, level: str = "info") -> None:
+        getattr(self.pipes.log, level if level in ("debug", "info", "warning", "error") else "info")(message)
+
+    def metrics(self, step: int | None = None, **values: float) -> None:
+        payload = {"step": step, **{k: _pipes_metadata_value(v) for k, v in values.items()}}
+        self.pipes.log.info(json.dumps(payload, default=_json_default))
+
+    def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None:
+        md = {k: _pipes_metadata_value(v) for k, v in metadata.items()}
+        self.pipes.report_asset_materialization(metadata=md, data_version=data_version)
+
+    def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
+        return Progress(self, total, unit, every_s)
+
+
+def launched_by_dagster() -> bool:
+    try:
+        from dagster_pipes import is_dagster_pipes_process
+    except ImportError:  # dagster-pipes is a dependency; standalone installs may lack it
+        return False
+    return bool(is_dagster_pipes_process())
+
+
+@contextlib.contextmanager
+def open_reporter() -> Iterator[Reporter]:
+    """Pipes on global rank 0 when launched by Dagster, a stdout/stderr reporter otherwise."""
+    if global_rank() == 0 and launched_by_dagster():
+        from dagster_pipes import open_dagster_pipes
+
+        with open_dagster_pipes() as pipes:
+            yield PipesReporter(pipes)
+    else:
+        yield StdoutReporter()
