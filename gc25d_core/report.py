@@ -147,11 +147,12 @@ class PipesReporter:
 
 
 def launched_by_dagster() -> bool:
+    """True when a Dagster Pipes client started this process (its bootstrap env var is set)."""
     try:
-        from dagster_pipes import is_dagster_pipes_process
+        from dagster_pipes import PipesEnvVarParamsLoader
     except ImportError:  # dagster-pipes is a dependency; standalone installs may lack it
         return False
-    return bool(is_dagster_pipes_process())
+    return PipesEnvVarParamsLoader().is_dagster_pipes_process()
 
 
 @contextlib.contextmanager

@@ -176,3 +176,50 @@ def validate_table(table: object, cfg: TextConfig, data: TextData | None = None,
         if not bool(nonzero[:n].all()):
             raise ValueError(f"{where}[{key!r}]: rows are not zero past the sequence length ({n} non-zero rows)")
     return table
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def materialize_table(cfg) -> dict[str, object]:
+    """Write <data_root>/text_table_gc25d.pt: a byte copy of the configured table (hash-checked,
+    validated before use) or the synthetic table. Returns metadata (keys, shape, sha256, source)."""
+    from gc25d_core.atomic import atomic_path, atomic_write_bytes
+    from gc25d_core.layout import Layout
+
+    tcfg: TextConfig = cfg.text
+    out = Layout(Path(cfg.paths.data_root)).text_table
+    data = text_data(tcfg)
+    if tcfg.table_path is not None:
+        src = Path(tcfg.table_path)
+        if not src.is_file():
+            raise FileNotFoundError(f"text.table_path {src} does not exist")
+        digest = _sha256_file(src)
+        if tcfg.table_sha256 and digest != tcfg.table_sha256:
+            raise ValueError(f"{src}: sha256 {digest} differs from text.table_sha256 {tcfg.table_sha256}")
+        validate_table(torch.load(src, map_location="cpu", weights_only=True), tcfg, data, where=str(src))
+        atomic_write_bytes(out, src.read_bytes())
+        source = str(src)
+    else:
+        table = synthetic_table(tcfg, data)
+        with atomic_path(out) as tmp:
+            torch.save(table, tmp)
+        source = "synthetic"
+    digest = _sha256_file(out)
+    return {
+        "path": str(out),
+        "source": source,
+        "num_keys": len(data.keys),
+        "shape": [tcfg.max_len, tcfg.dim],
+        "sha256": digest,
+    }
+
+
+def load_table(path: Path, cfg: TextConfig) -> dict[str, torch.Tensor]:
+    """Read and validate a text table (weights_only)."""
+    return validate_table(torch.load(path, map_location="cpu", weights_only=True), cfg, where=str(path))

@@ -1,0 +1,1 @@
+"""Definitions are auto-loaded from the modules of this package (dagster.components.load_defs)."""

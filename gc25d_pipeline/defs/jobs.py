@@ -1,0 +1,9 @@
+import dagster as dg
+
+# The whole graph that exists so far, on the configured preset. Grows with the graph.
+full_chain = dg.define_asset_job(
+    "full_chain",
+    selection=dg.AssetSelection.all(),
+    description="Materialize every asset: raw source → clips index / text table → … (grows with the graph)",
+    tags={"dagster/max_runtime": str(7 * 24 * 3600)},
+)

@@ -1,0 +1,61 @@
+"""The project resource: which preset, where artifacts and the raw dataset live.
+
+Every asset resolves one ``Gc25dConfig`` from it (defaults < preset YAML < overrides < the store
+and raw-dataset settings below), so Dagster and plain ``torchrun`` runs read the same typed config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from gc25d_core.config import Gc25dConfig, deep_merge, load_config, parse_overrides
+
+
+class ArtifactStore(dg.ConfigurableResource):
+    """Where processed data and run folders go; None keeps the preset's paths."""
+
+    data_root: str | None = None
+    runs_root: str | None = None
+
+
+class RawDataset(dg.ConfigurableResource):
+    """The raw dataset the graph reads: the built-in code world (generated) or a real v10 snapshot."""
+
+    kind: str | None = Field(default=None, description="'codeworld' or 'v10'; None keeps the preset's")
+    root: str | None = None
+
+
+class Gc25dProject(dg.ConfigurableResource):
+    preset: str = Field(default="tiny", description="configs/<preset>.yaml or a path to a YAML file")
+    overrides: list[str] = Field(default_factory=list, description="dotted key=value overrides")
+    store: ArtifactStore = Field(default_factory=ArtifactStore)
+    raw: RawDataset = Field(default_factory=RawDataset)
+
+    def config(self) -> Gc25dConfig:
+        tree: dict[str, Any] = parse_overrides(self.overrides)
+        paths = {k: v for k, v in (("data_root", self.store.data_root), ("runs_root", self.store.runs_root)) if v}
+        raw = {k: v for k, v in (("kind", self.raw.kind), ("root", self.raw.root)) if v}
+        tree = deep_merge(tree, {"paths": paths, "raw": raw})
+        return load_config(self.preset, tree)
+
+    def run_dir(
+        self, cfg: Gc25dConfig, stage: str, context: dg.AssetExecutionContext | None = None, per_run: bool = False
+    ) -> Path:
+        """Deterministic per (stage, partition): retries and relaunches resume from the same folder.
+
+        ``per_run`` adds the run id, so only retries inside one run resume (for checks that must
+        really run again on every new run)."""
+        part = context.partition_key if context is not None and context.has_partition_key else "default"
+        path = Path(cfg.paths.runs_root) / stage / part
+        return path / context.run_id if per_run and context is not None else path
+
+
+def default_project() -> Gc25dProject:
+    """The project for this code location: GC25D_PRESET (default 'tiny') and GC25D_OVERRIDES (';'-separated)."""
+    overrides = [o for o in os.environ.get("GC25D_OVERRIDES", "").split(";") if o.strip()]
+    return Gc25dProject(preset=os.environ.get("GC25D_PRESET", "tiny"), overrides=overrides)
