@@ -52,7 +52,7 @@ class Gc25dProject(dg.ConfigurableResource):
         really run again on every new run)."""
         part = context.partition_key if context is not None and context.has_partition_key else "default"
         path = Path(cfg.paths.runs_root) / stage / part
-        return path / context.run_id if per_run and context is not None else path
+        return path / context.run.run_id if per_run and context is not None else path
 
 
 def default_project() -> Gc25dProject:

@@ -1,0 +1,53 @@
+"""The code location loads, validates, and has the graph we expect."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from gc25d_pipeline.definitions import defs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_definitions_load_and_graph():
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert {"raw_source", "clips_index", "text_table", "cluster_check"} <= keys
+    assert dg.AssetKey("raw_source") in graph.get(dg.AssetKey("clips_index")).parent_keys
+    job = defs.resolve_job_def("full_chain")
+    assert {n.name for n in job.graph.node_defs} >= {"raw_source", "clips_index", "text_table", "cluster_check"}
+    assert graph.get(dg.AssetKey("cluster_check")).assets_def.op.pool == "gpu"
+
+
+def test_dagster_cli_validates_the_workspace(tmp_path):
+    env = {"DAGSTER_HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "All code locations passed validation" in proc.stdout + proc.stderr
+
+
+def test_core_library_imports_no_dagster():
+    """gc25d_core may use dagster_pipes (through report) but never dagster itself."""
+    code = (
+        "import importlib, pkgutil, sys, gc25d_core\n"
+        "skip = {'gc25d_core.codeworld.__main__', 'gc25d_core.cache.__main__'}\n"
+        "for m in pkgutil.walk_packages(gc25d_core.__path__, 'gc25d_core.'):\n"
+        "    if m.name not in skip: importlib.import_module(m.name)\n"
+        "bad = sorted(k for k in sys.modules if k == 'dagster' or k.startswith('dagster.'))\n"
+        "print('IMPORTED', bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for path in (ROOT / "gc25d_core").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            assert not (stripped.startswith("import dagster") and not stripped.startswith("import dagster_pipes")), path
+            assert not (stripped.startswith("from dagster ") or stripped.startswith("from dagster.")), path

@@ -1,0 +1,46 @@
+import json
+
+from gc25d_core import report
+from gc25d_core.report import StdoutReporter, open_reporter
+
+
+def test_rank0_prints_json_lines_and_other_ranks_stay_silent(capsys):
+    r0, r1 = StdoutReporter(rank=0), StdoutReporter(rank=1)
+    r0.log("hello")
+    r0.metrics(step=3, loss=0.5)
+    r0.materialize({"n": 2}, data_version="v1")
+    r1.log("from rank 1")
+    r1.materialize({"n": 99})
+    out, err = capsys.readouterr()
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records == [
+        {"event": "log", "level": "info", "message": "hello"},
+        {"event": "metrics", "step": 3, "loss": 0.5},
+        {"event": "materialize", "metadata": {"n": 2}, "data_version": "v1"},
+    ]
+    assert "[rank 1] info: from rank 1" in err
+    assert r1.materializations == [] and len(r0.materializations) == 1
+
+
+def test_progress_reports_rate_and_eta(capsys):
+    rep = StdoutReporter(rank=0)
+    bar = rep.progress(total=4, unit="clips", every_s=0.0)
+    for _ in range(4):
+        bar.update()
+    lines = [json.loads(x)["message"] for x in capsys.readouterr().out.splitlines()]
+    assert lines[0].startswith("clips 1/4 (") and "ETA" in lines[0]
+    assert lines[-1].startswith("clips 4/4 (") and "ETA 0s" in lines[-1]
+    assert bar.summary()["done"] == 4
+
+
+def test_open_reporter_uses_stdout_without_dagster(monkeypatch):
+    monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    with open_reporter() as rep:
+        assert isinstance(rep, StdoutReporter)
+
+
+def test_pipes_only_on_global_rank_0(monkeypatch):
+    monkeypatch.setattr(report, "launched_by_dagster", lambda: True)
+    monkeypatch.setenv("RANK", "1")
+    with open_reporter() as rep:  # rank 1 must never open Pipes even when launched by Dagster
+        assert isinstance(rep, StdoutReporter) and rep.rank == 1
