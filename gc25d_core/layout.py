@@ -137,9 +137,8 @@ class Shapes:
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray], compressed: bool = True) -> Path:
     """Atomic np.savez(_compressed); the temp file keeps a .npz suffix so numpy does not append one."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            (np.savez_compressed if compressed else np.savez)(f, **arrays)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        (np.savez_compressed if compressed else np.savez)(f, **arrays)
     return path
 
 
@@ -299,3 +298,46 @@ def read_latents(path: Path, shapes: Shapes) -> dict[str, Any]:
     except Exception as e:  # torch raises several types for corrupt archives
         raise LayoutError(f"{path}: unreadable .pt ({e})") from e
     return validate_latents(path, obj, shapes)
+
+
+def npz_headers(path: Path) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
+    """Each member's (dtype, shape) read from the .npy headers only (no decompression of the data);
+    None when the file is missing or unreadable. Writes are atomic, so a present file is whole."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            out = {}
+            for name in zf.namelist():
+                with zf.open(name) as f:
+                    version = np.lib.format.read_magic(f)
+                    shape, _, dtype = np.lib.format._read_array_header(f, version)  # noqa: SLF001
+                out[name.removesuffix(".npy")] = (dtype, tuple(shape))
+            return out
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
+
+
+def npz_matches(path: Path, expected: dict[str, tuple[Any, tuple[int, ...]]]) -> bool:
+    """True when the npz holds exactly ``expected`` keys with those dtypes ("U" = any unicode) and shapes."""
+    headers = npz_headers(path)
+    if headers is None or set(headers) != set(expected):
+        return False
+    for key, (dtype, shape) in expected.items():
+        got_dtype, got_shape = headers[key]
+        ok = got_dtype.kind == "U" if dtype == "U" else got_dtype == np.dtype(dtype)
+        if not ok or got_shape != tuple(shape):
+            return False
+    return True
+
+
+def cond_expected(shapes: Shapes) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    return {"ids": (np.uint8, shapes.cond)}
+
+
+def cond_ext_expected(shapes: Shapes) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    n = shapes.timeline.num_ext_cells
+    return {"ids": (np.uint8, shapes.cond_ext), "blocks": (np.uint8, (n, 5)), "prompts": ("U", (n,))}
+
+
+def meta_expected(shapes: Shapes, has_ext: bool) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    f = shapes.meta_frames(has_ext)
+    return {k: (dtype, (f, *trailing)) for k, (dtype, trailing) in META_SPEC.items()}

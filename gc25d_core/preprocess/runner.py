@@ -1,0 +1,127 @@
+"""Sharded, resumable per-clip processing shared by the preprocessing jobs.
+
+Each rank takes a deterministic shard of the clips (sorted by clip_id, round-robin by global rank),
+skips clips whose outputs already exist and validate, builds the rest and writes them atomically.
+A failed clip is recorded with its error and the loop goes on; at the end the ranks gather their
+results, rank 0 reports one materialization, and the job fails if any clip failed (so a retry redoes
+only those). Failures are also written to ``<run_dir>/failures/rank-<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gc25d_core.atomic import atomic_write_text
+from gc25d_core.distributed import global_rank, shard, world_size
+from gc25d_core.index import ClipRow
+from gc25d_core.report import Reporter
+
+
+@dataclass
+class ClipFailure:
+    clip_id: str
+    error: str
+    traceback: str
+
+
+@dataclass
+class ShardResult:
+    rank: int
+    num_assigned: int = 0
+    num_done: int = 0
+    num_skipped: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    failures: list[ClipFailure] = field(default_factory=list)
+
+
+class ClipFailuresError(RuntimeError):
+    """Some clips failed; the message lists which and why."""
+
+
+@dataclass(frozen=True)
+class ClipTask:
+    """What one job does per clip.
+
+    ``outputs(row)`` lists the files the clip produces; ``is_done(row)`` says whether they exist and
+    validate (cheap checks preferred); ``build(row)`` computes and writes them atomically and returns
+    the bytes written.
+    """
+
+    name: str
+    outputs: Callable[[ClipRow], list[Path]]
+    is_done: Callable[[ClipRow], bool]
+    build: Callable[[ClipRow], int]
+
+
+def shard_rows(rows: Sequence[ClipRow], rank: int | None = None, world: int | None = None) -> list[ClipRow]:
+    return shard(sorted(rows, key=lambda r: r.clip_id), rank, world)
+
+
+def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: Path) -> ShardResult:
+    rank = global_rank()
+    mine = shard_rows(rows)
+    result = ShardResult(rank=rank, num_assigned=len(mine))
+    t0 = time.monotonic()
+    progress = rep.progress(total=len(mine), unit="clips")
+    for row in mine:
+        try:
+            if task.is_done(row):
+                result.num_skipped += 1
+            else:
+                result.bytes_written += task.build(row)
+                result.num_done += 1
+        except Exception as e:  # record and continue: one bad clip must not hide the others
+            result.failures.append(ClipFailure(row.clip_id, f"{type(e).__name__}: {e}", traceback.format_exc()))
+            rep.log(f"{task.name}: clip {row.clip_id} failed: {type(e).__name__}: {e}", level="error")
+        progress.update(1)
+    result.seconds = time.monotonic() - t0
+    path = run_dir / "failures" / f"rank-{rank}.json"
+    atomic_write_text(path, json.dumps([asdict(f) for f in result.failures], indent=1))
+    return result
+
+
+def gather_results(result: ShardResult) -> list[ShardResult]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or world_size() == 1:
+        return [result]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, result)
+    return out
+
+
+def summarize(task: ClipTask, results: list[ShardResult], num_rows: int) -> dict[str, Any]:
+    failures = [f for r in results for f in r.failures]
+    seconds = max((r.seconds for r in results), default=0.0)
+    done = sum(r.num_done for r in results)
+    return {
+        "task": task.name,
+        "num_clips": num_rows,
+        "num_built": done,
+        "num_skipped": sum(r.num_skipped for r in results),
+        "num_failed": len(failures),
+        "bytes_written": sum(r.bytes_written for r in results),
+        "seconds": round(seconds, 3),
+        "clips_per_s": round(done / seconds, 4) if seconds > 0 else 0.0,
+        "world_size": len(results),
+        "failures": [{"clip_id": f.clip_id, "error": f.error} for f in failures[:50]],
+    }
+
+
+def run_task(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: Path,
+             extra_metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run this rank's shard, gather, report once from rank 0, fail if any clip failed."""
+    result = run_shard(task, rows, rep, run_dir)
+    summary = summarize(task, gather_results(result), len(rows))
+    if summary["num_failed"]:
+        lines = "\n".join(f"  {f['clip_id']}: {f['error']}" for f in summary["failures"])
+        raise ClipFailuresError(f"{task.name}: {summary['num_failed']} of {len(rows)} clips failed:\n{lines}")
+    rep.materialize({**summary, **(extra_metadata or {})})
+    return summary
