@@ -308,8 +308,10 @@ def npz_headers(path: Path) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | Non
             out = {}
             for name in zf.namelist():
                 with zf.open(name) as f:
-                    version = np.lib.format.read_magic(f)
-                    shape, _, dtype = np.lib.format._read_array_header(f, version)  # noqa: SLF001
+                    major, _minor = np.lib.format.read_magic(f)
+                    read_header = (np.lib.format.read_array_header_1_0 if major == 1
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(f)
                 out[name.removesuffix(".npy")] = (dtype, tuple(shape))
             return out
     except (OSError, ValueError, zipfile.BadZipFile, EOFError):

@@ -81,3 +81,7 @@ def write_index_raw(root: Path, runs: list[RunSpec], stride: int = 96, width: in
     (root / "index").mkdir(parents=True, exist_ok=True)
     (root / "index" / "clips_81.json").write_text(json.dumps({"clips": clips}))
     return root
+
+
+# the code world's tiny dataset, generated once per test session (shared by every module)
+from tests.codeworld_fixtures import tiny_raw  # noqa: E402,F401

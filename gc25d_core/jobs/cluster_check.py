@@ -20,7 +20,8 @@ import torch.distributed as dist
 from gc25d_core.checkpoint import CheckpointDir
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.distributed import barrier, global_rank, pick_backend, world_size
-from gc25d_core.jobs.common import base_parser, maybe_inject_fault, run_job
+from gc25d_core.faults import maybe_inject_fault
+from gc25d_core.jobs.common import base_parser, run_job
 from gc25d_core.report import Reporter
 
 

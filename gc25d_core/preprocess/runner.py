@@ -19,6 +19,7 @@ from typing import Any
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.distributed import global_rank, shard, world_size
+from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.index import ClipRow
 from gc25d_core.report import Reporter
 
@@ -70,7 +71,8 @@ def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: P
     result = ShardResult(rank=rank, num_assigned=len(mine))
     t0 = time.monotonic()
     progress = rep.progress(total=len(mine), unit="clips")
-    for row in mine:
+    for i, row in enumerate(mine, start=1):
+        maybe_inject_fault(i, rep.retry_number)  # test hook: GC25D_FAULT=rank=..,step=<clip #>
         try:
             if task.is_done(row):
                 result.num_skipped += 1

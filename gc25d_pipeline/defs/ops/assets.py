@@ -5,6 +5,7 @@ import dagster as dg
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
+
 class ClusterCheckConfig(dg.Config):
     steps: int = 6
     step_seconds: float = 0.0

@@ -1,0 +1,56 @@
+"""Factory of per-clip preprocessing assets: each launches one sharded torchrun job of gc25d_core."""
+
+import base64
+from collections.abc import Callable, Sequence
+
+import dagster as dg
+
+from gc25d_core.config import Gc25dConfig
+from gc25d_pipeline.lib.project import Gc25dProject
+from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+
+
+class ClipJobConfig(dg.Config):
+    nproc_per_node: int = 0  # 0: the launcher's default (configs' distributed.nproc_per_node)
+    limit: int = 0  # only the first N clips (smoke runs); 0 = all
+
+
+PreviewFn = Callable[[Gc25dConfig], bytes | None]
+
+
+def png_markdown(png: bytes, alt: str) -> dg.MetadataValue:
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})")
+
+
+def clip_job_asset(
+    name: str,
+    module: str,
+    deps: Sequence[dg.AssetsDefinition | str],
+    description: str,
+    pool: str = "cpu",
+    preview: PreviewFn | None = None,
+) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=name,
+        group_name="prep",
+        deps=list(deps),
+        kinds={"torch"},
+        pool=pool,
+        description=description,
+        retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL),
+    )
+    def _asset(
+        context: dg.AssetExecutionContext, config: ClipJobConfig, project: Gc25dProject, torchrun: TorchrunLauncher
+    ) -> dg.MaterializeResult:
+        cfg = project.config()
+        launcher = torchrun.model_copy(update={"nproc_per_node": config.nproc_per_node}) if config.nproc_per_node \
+            else torchrun
+        args = ["--limit", str(config.limit)] if config.limit else []
+        result = launcher.launch(context, module, cfg, project.run_dir(cfg, name, context), args)
+        mat = result.get_materialize_result()
+        metadata = dict(mat.metadata or {})
+        if preview is not None and (png := preview(cfg)) is not None:
+            metadata["preview"] = png_markdown(png, name)
+        return dg.MaterializeResult(metadata=metadata, data_version=mat.data_version)
+
+    return _asset

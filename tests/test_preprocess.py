@@ -1,0 +1,135 @@
+"""SPEC §5 preprocessing on the tiny code world: Dagster assets over 2 CPU ranks, layout validation,
+and a job killed midway that resumes to identical outputs, rebuilding only unfinished clips."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from gc25d_core.config import load_config, write_resolved
+from gc25d_core.index import build_and_write, read_index
+from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_meta, read_npz
+from gc25d_core.vocab import valid_raw_ids
+from gc25d_pipeline.defs.data.assets import clips_index, raw_source
+from gc25d_pipeline.defs.prep.assets import clip_meta, cond, cond_ext
+from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject, RawDataset
+from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _cfg(tmp_path, raw_root):
+    return load_config("tiny", {"paths": {"data_root": str(tmp_path / "data"), "runs_root": str(tmp_path / "runs")},
+                                "raw": {"root": str(raw_root)}})
+
+
+def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_raw):
+    project = Gc25dProject(preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"),
+                                                              runs_root=str(tmp_path / "runs")),
+                           raw=RawDataset(root=str(tiny_raw.root)))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([raw_source, clips_index, cond, clip_meta, cond_ext], instance=instance,
+                                resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)})
+        assert result.success
+        mats = {e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
+                for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"}
+    cfg = project.config()
+    layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
+    rows = read_index(layout)
+    ext_rows = [r for r in rows if r.has_ext]
+    assert mats["cond"]["num_clips"].value == len(rows) and mats["cond"]["world_size"].value == 2
+    assert mats["cond"]["num_failed"].value == 0 and "preview" in mats["cond"]
+    assert mats["cond_ext"]["num_clips"].value == len(ext_rows) > 0
+    for r in rows:
+        ids = read_cond(layout, r.clip_id, shapes)
+        assert set(np.unique(ids).tolist()) <= set(valid_raw_ids("parts"))
+        assert set(np.unique(ids).tolist()) & {12, 13, 14, 15, 16}  # player parts were labelled
+        meta = read_meta(layout, r.clip_id, shapes, r.has_ext)
+        assert meta["world_to_clip"].shape[0] == (109 if r.has_ext else 81)
+        if r.centered:  # the player is at the destination centre pixel on centred runs
+            centre = (shapes.hw[0] // 2 - 1) * shapes.hw[1] + shapes.hw[1] // 2
+            assert abs(int(meta["player_px"][0]) - centre) <= shapes.hw[1] + 1
+    for r in ext_rows:
+        ext = read_cond_ext(layout.cond_ext(r.clip_id), shapes)
+        assert ext["prompts"].shape == (7,)
+
+
+def _content_hashes(folder: Path) -> dict[str, str]:
+    out = {}
+    for path in sorted(folder.glob("*.npz")):
+        h = hashlib.sha256()
+        for key, arr in sorted(read_npz(path).items()):
+            h.update(key.encode() + arr.tobytes())
+        out[path.name] = h.hexdigest()
+    return out
+
+
+def _run_cond_job(cfg, run_dir: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    config_path = write_resolved(cfg, run_dir)
+    cmd = TorchrunLauncher(nproc_per_node=2, python=sys.executable).command(
+        "gc25d_core.jobs.cond", ["--config", str(config_path), "--run-dir", str(run_dir)], run_dir / "logs")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GC25D_FAULT", None)
+    if fault:
+        env["GC25D_FAULT"] = fault
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _summary(proc: subprocess.CompletedProcess) -> dict:
+    for line in proc.stdout.splitlines():
+        if line.startswith("{") and '"materialize"' in line:
+            return json.loads(line)["metadata"]
+    raise AssertionError(f"no materialization in output:\n{proc.stdout}\n{proc.stderr}")
+
+
+def test_killed_cond_job_resumes_with_identical_outputs(tmp_path, tiny_raw):
+    killed = _cfg(tmp_path / "killed", tiny_raw.root)
+    build_and_write(tiny_raw.root, killed)
+    num_clips = len(read_index(Layout(killed.paths.data_root)))
+    # rank 0 dies hard (os._exit) when it reaches its 3rd clip: clips 1-2 of rank 0 are on disk
+    proc = _run_cond_job(killed, tmp_path / "killed" / "run", fault="rank=0,step=3,mode=exit")
+    assert proc.returncode != 0
+    cond_dir = killed.paths.data_root / "cond"
+    before = {p.name: p.stat().st_mtime_ns for p in cond_dir.glob("*.npz")}
+    assert 2 <= len(before) < num_clips
+    assert not list(cond_dir.glob(".tmp-*")) or all(p.name.startswith(".tmp-") for p in cond_dir.iterdir()
+                                                     if not p.name.endswith(".npz"))
+    proc = _run_cond_job(killed, tmp_path / "killed" / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _summary(proc)
+    assert summary["num_skipped"] == len(before)  # finished clips were not recomputed
+    assert summary["num_built"] == num_clips - len(before)
+    assert {p.name: p.stat().st_mtime_ns for p in cond_dir.glob("*.npz") if p.name in before} == before
+
+    clean = _cfg(tmp_path / "clean", tiny_raw.root)
+    build_and_write(tiny_raw.root, clean)
+    assert _run_cond_job(clean, tmp_path / "clean" / "run").returncode == 0
+    assert _content_hashes(cond_dir) == _content_hashes(clean.paths.data_root / "cond")
+    assert len(_content_hashes(cond_dir)) == num_clips
+
+
+def test_a_failing_clip_is_reported_and_fails_the_job(tmp_path, tiny_raw):
+    cfg = _cfg(tmp_path, tiny_raw.root)
+    build_and_write(tiny_raw.root, cfg)
+    rows = sorted(read_index(Layout(cfg.paths.data_root)), key=lambda r: r.clip_id)
+    # corrupt one frame's ids.png of the first clip: that clip fails, the others are still built
+    run = tiny_raw.root / rows[0].subset / rows[0].scene / rows[0].run
+    ids_png = run / "frames" / f"{rows[0].start + 5:06d}" / "ids.png"
+    original = ids_png.read_bytes()
+    try:
+        ids_png.write_bytes(b"garbage")
+        proc = _run_cond_job(cfg, tmp_path / "run")
+    finally:
+        ids_png.write_bytes(original)
+    assert proc.returncode != 0
+    assert f"{rows[0].clip_id}" in proc.stderr and "ids.png" in proc.stderr
+    failures = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
+    assert [f["clip_id"] for f in failures] == [rows[0].clip_id]
+    assert len(list((cfg.paths.data_root / "cond").glob("*.npz"))) == len(rows) - 1
