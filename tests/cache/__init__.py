@@ -1,0 +1,1 @@
+"""Training-cache tests (gc25d_core.cache)."""

@@ -1,0 +1,210 @@
+"""HTTP streaming against a real threaded range server on 127.0.0.1 with fault injection."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from gc25d_core.cache import (
+    ConsumerConfig,
+    HttpConfig,
+    HttpStore,
+    HttpStreamError,
+    ShardFailure,
+    StreamingCache,
+    list_versions,
+    open_store,
+    read_snapshot,
+)
+from gc25d_core.cache.httpserve import Fault, RangeServer
+from gc25d_core.cache.manifest import is_commit
+from gc25d_core.cache.stores import RangeStream, http_get_bytes
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+PATH = "shards/w0/blob.tar"
+CFG = HttpConfig(backoff_s=0.0, max_retries=3, max_reconnects=20, chunk_bytes=64 * 1024, timeout_s=5)
+
+
+@pytest.fixture
+def blob():
+    data = random.Random(0).randbytes(300_000)
+    files = {(REV, PATH): data}
+    with RangeServer(lambda rev, path: files.get((rev, path))) as srv:
+        yield srv, data
+
+
+def _read_all(stream) -> bytes:
+    out = bytearray()
+    while b := stream.read(1 << 20):
+        out += b
+    return bytes(out)
+
+
+def _stream(srv, size, cfg=CFG):
+    return RangeStream(f"{srv.url}/resolve/{REV}/{PATH}", size, cfg=cfg)
+
+
+def test_plain_range_read(blob):
+    srv, data = blob
+    assert _read_all(_stream(srv, len(data))) == data
+    assert srv.log[0][3:5] == (0, len(data) - 1)
+
+
+def test_dropped_connections_resume_at_exact_offsets(blob):
+    srv, data = blob
+    srv.set_fault(lambda r: Fault("drop", after=50_000) if r.n < 4 else None)
+    s = _stream(srv, len(data))
+    assert _read_all(s) == data
+    starts = [row[3] for row in srv.log]
+    assert starts == [0, 50_000, 100_000, 150_000, 200_000]
+    assert s.reconnects == 4
+
+
+def test_persistent_drops_fail_loud(blob):
+    srv, data = blob
+    srv.set_fault(lambda r: Fault("drop", after=0))
+    with pytest.raises(HttpStreamError, match="giving up") as ei:
+        _read_all(_stream(srv, len(data)))
+    assert ei.value.offset == 0
+    srv.set_fault(lambda r: Fault("drop", after=1000))  # progress each time: the total budget ends it
+    with pytest.raises(HttpStreamError, match="reconnects") as ei:
+        _read_all(_stream(srv, len(data)))
+    assert ei.value.offset == 21_000
+
+
+def test_200_to_a_range_request_fails_loud(blob):
+    srv, data = blob
+    srv.set_fault(lambda r: Fault("drop", after=10_000) if r.n == 0 else Fault("status", status=200))
+    with pytest.raises(HttpStreamError, match="answered 200") as ei:
+        _read_all(_stream(srv, len(data)))
+    assert ei.value.offset == 10_000
+
+
+def test_wrong_content_range_fails_loud(blob):
+    srv, data = blob
+    bad = f"bytes 0-{len(data) - 1}/{len(data)}"  # claims the start of the file on a resume
+    srv.set_fault(
+        lambda r: Fault("drop", after=10_000) if r.n == 0 else Fault("content_range", content_range=bad)
+    )
+    with pytest.raises(HttpStreamError, match="Content-Range") as ei:
+        _read_all(_stream(srv, len(data)))
+    assert ei.value.offset == 10_000
+
+
+def test_wrong_total_size_fails_loud(blob):
+    srv, data = blob
+    with pytest.raises(HttpStreamError, match="Content-Range"):
+        _read_all(_stream(srv, len(data) - 10))  # the listing says fewer bytes than the server has
+
+
+def test_transient_status_is_retried_and_404_is_not(blob):
+    srv, data = blob
+    srv.set_fault(lambda r: Fault("status", status=503) if r.n < 2 else None)
+    assert _read_all(_stream(srv, len(data))) == data
+    srv.set_fault(None)
+    s = RangeStream(f"{srv.url}/resolve/{REV}/missing.tar", 100, cfg=CFG)
+    with pytest.raises(HttpStreamError, match="HTTP 404"):
+        s.read(10)
+
+
+def test_redirects_followed_and_reconnects_go_back_through_pinned_url(blob):
+    srv, data = blob
+    hops = []
+
+    def fault(r):
+        hops.append(r.url.split("/resolve/")[0] or "/")
+        if r.url.startswith("/resolve/"):
+            return Fault("redirect", location="/cdn" + r.url)  # like the Hub's CDN redirect
+        return Fault("drop", after=100_000) if len(hops) < 5 else None
+
+    srv.set_fault(fault)
+    assert _read_all(_stream(srv, len(data))) == data
+    assert hops[:4] == ["/", "/cdn", "/", "/cdn"]  # never reconnects to the CDN URL directly
+
+
+def test_get_bytes_retries(blob):
+    srv, data = blob
+    srv.set_fault(lambda r: Fault("drop", after=5) if r.n == 0 else None)
+    assert http_get_bytes(f"{srv.url}/resolve/{REV}/{PATH}", cfg=CFG) == data
+
+
+def test_http_store_only_reads_pinned_revisions():
+    st = HttpStore("http://127.0.0.1:1/resolve/{revision}/{path}")
+    with pytest.raises(ValueError, match="40-hex"):
+        st.url("manifest.json", "main")
+    with pytest.raises(ValueError, match="40-hex"):
+        st.url("manifest.json", "0123456")
+
+
+# ------------------------------------------------------------------------------------------------
+# the consumer over HTTP
+
+
+@pytest.fixture
+def served(small_store):
+    store, ref = small_store
+    with RangeServer.for_local_store(store) as srv:
+        yield store, ref, srv, open_store(srv.url, config=CFG)
+
+
+def _ids(ds):
+    out = []
+    for b in ds.iter_batches():
+        out += [k.sample_id for k in b.keys]
+        ds.mark_consumed(b)
+    return out
+
+
+def test_consumer_over_http_with_drops_matches_local(served):
+    store, ref, srv, http = served
+    local = _ids(StreamingCache(store, ConsumerConfig(seed=3), manifest=ref, rank=0, world_size=1))
+    srv.set_fault(
+        lambda r: Fault("drop", after=3000) if r.path.startswith("shards/") and r.n % 3 == 0 else None
+    )
+    remote = _ids(StreamingCache(http, ConsumerConfig(seed=3), manifest=ref, rank=0, world_size=1))
+    assert remote == local
+    assert all(is_commit(row[1]) for row in srv.log)  # every URL carried a full 40-hex revision
+    assert any(row[5] == "drop" for row in srv.log)
+
+
+def test_snapshots_over_http(served):
+    store, ref, srv, http = served
+    assert http.head() == store.head()
+    assert list_versions(http) == [1]  # no listing over HTTP: from the pointer
+    snap = read_snapshot(http, 1, revision=ref.commit)
+    assert snap.ref == ref
+
+
+@pytest.mark.parametrize("kind", ["status200", "content_range"])
+def test_consumer_over_http_fails_loud_on_bad_reconnect(served, kind):
+    store, ref, srv, http = served
+    first = StreamingCache(http, ConsumerConfig(seed=3), manifest=ref, rank=0, world_size=1)
+    shard = first.snapshot.manifest.shards[
+        [s.path for s in first.snapshot.manifest.shards].index(first.rank_shards()[0])
+    ]
+
+    def fault(r):
+        if not r.path.startswith("shards/"):
+            return None
+        if r.start == 0:
+            return Fault("drop", after=3000)
+        if kind == "status200":
+            return Fault("status", status=200)
+        return Fault("content_range", content_range=f"bytes 0-{shard.size - 1}/{shard.size}")
+
+    srv.set_fault(fault)
+    with pytest.raises(ShardFailure) as ei:
+        _ids(first)
+    ev = ei.value.event
+    assert (ev.shard, ev.kind, ev.offset) == (shard.path, "io", 3000)
+    assert ev.sample == shard.samples[0].id
+    assert f"shard {shard.path} sample {shard.samples[0].id} offset 3000" in str(ei.value)
+
+
+def test_stdlib_hash_check_of_served_bytes(served):
+    store, ref, srv, http = served
+    sh = read_snapshot(store).manifest.shards[0]
+    data = _read_all(http.open_range(sh.path, sh.revision, sh.size))
+    assert hashlib.sha256(data).hexdigest() == sh.sha256
