@@ -1,0 +1,497 @@
+"""Causal attention for GcDiT: the one visibility / eviction / RoPE-position rule (DESIGN.md §4.4),
+the attention plans used by the model's blocks, the KV cache and the per-cell rollout.
+
+Block = 1 latent cell. Every structure here derives from two functions:
+
+* ``visible(q_cell, kv_cell, spec, q_noisy, kv_noisy)``: may a query token of cell ``q_cell`` see a
+  key token of cell ``kv_cell``? Clean keys: ``kv_cell < q_cell`` (or the same cell for a clean
+  query), and inside the sink (``kv_cell < sink``) or the window (``kv_cell > q_cell - window``).
+  Noisy keys (teacher forcing): only from the same cell, only for noisy queries.
+  The full-sequence mask (block-causal and teacher-forcing [clean | noisy]) is this rule expanded
+  to tokens; the KV cache keeps exactly the cached cells the next query cell can see.
+* ``rope_time_positions(kv_cells, q_cell, spec)``: the RoPE time index of each key cell for a query
+  in ``q_cell``: absolute while ``q_cell <= rope_cap``; beyond, window cells shift down by
+  ``q_cell - rope_cap`` (the query sits at ``rope_cap``) and sink cells keep 0..sink-1. Keys are
+  cached un-rotated and rotated for the current query cell, so long rollouts never leave the
+  trained position range.
+
+Teacher forcing runs [clean | noisy] copies of the clip with identical RoPE positions; the noisy copy
+of cell i sees the clean cells before it (sink/window applied) and itself. Its output equals a KV
+rollout that committed the clean cells 0..i-1 at t=0 and then ran noisy cell i.
+
+Rollout (deploy and the stage-3 self-rollout): prefill cell 0 at t=0; per cell, ``len(timesteps)``
+denoise forwards (x0 = x - sigma*v, re-noise to the next sigma with fresh noise), then a commit
+forward of x0 at t=0 writes the cell's K/V (no noisy-step K/V are ever cached; the cache is
+written under no_grad). ``sigma = t / 1000``; the timestep axis itself comes from the flow module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from gc25d_core.models.configs import CausalConfig
+
+if TYPE_CHECKING:
+    from gc25d_core.models.gcdit import GcDiT, TextContext
+
+# ------------------------------------------------------------------------------------------------
+# the rule
+
+
+def visible(
+    q_cell: torch.Tensor | int,
+    kv_cell: torch.Tensor | int,
+    spec: CausalConfig,
+    *,
+    q_noisy: torch.Tensor | bool = False,
+    kv_noisy: torch.Tensor | bool = False,
+) -> torch.Tensor:
+    """Bool (broadcast over the inputs): query of ``q_cell`` may attend key of ``kv_cell``."""
+    q_cell, kv_cell = torch.as_tensor(q_cell), torch.as_tensor(kv_cell)
+    q_noisy = torch.as_tensor(q_noisy, dtype=torch.bool)
+    kv_noisy = torch.as_tensor(kv_noisy, dtype=torch.bool)
+    same = kv_cell == q_cell
+    clean_ok = (kv_cell < q_cell) | (same & ~q_noisy)
+    if spec.window is not None:
+        clean_ok = clean_ok & ((kv_cell < spec.sink) | (kv_cell > q_cell - spec.window))
+    return (~kv_noisy & clean_ok) | (kv_noisy & q_noisy & same)
+
+
+def rope_shift(q_cell: int, spec: CausalConfig) -> int:
+    return 0 if spec.rope_cap is None else max(0, q_cell - spec.rope_cap)
+
+
+def rope_time_positions(kv_cells: torch.Tensor, q_cell: int, spec: CausalConfig) -> torch.Tensor:
+    """RoPE time index of each key cell for a query in ``q_cell`` (see module doc)."""
+    shift = rope_shift(q_cell, spec)
+    return torch.where(kv_cells < spec.sink, kv_cells, kv_cells - shift)
+
+
+def query_time_position(q_cell: int, spec: CausalConfig) -> int:
+    return q_cell - rope_shift(q_cell, spec)
+
+
+def check_full_sequence(max_position: int, spec: CausalConfig) -> None:
+    """A full-sequence forward uses the given (absolute) positions: valid only up to ``rope_cap``."""
+    if spec.rope_cap is not None and max_position > spec.rope_cap:
+        raise ValueError(
+            f"a full-sequence causal forward uses positions up to rope_cap={spec.rope_cap}, got {max_position}; "
+            "roll longer clips out with the KV cache (positions shift beyond the cap)"
+        )
+
+
+def cell_mask(
+    q_cells: torch.Tensor,
+    kv_cells: torch.Tensor,
+    spec: CausalConfig,
+    q_noisy: torch.Tensor | None = None,
+    kv_noisy: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bool [Gq, Gk] over token groups (one group = one cell of one copy)."""
+    qn = torch.zeros_like(q_cells, dtype=torch.bool) if q_noisy is None else q_noisy
+    kn = torch.zeros_like(kv_cells, dtype=torch.bool) if kv_noisy is None else kv_noisy
+    return visible(q_cells[:, None], kv_cells[None, :], spec, q_noisy=qn[:, None], kv_noisy=kn[None, :])
+
+
+def sequence_groups(
+    num_cells: int, teacher_forcing: bool, device: Any = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cell, noisy) per token group: cells 0..N-1, or [clean 0..N-1 | noisy 0..N-1]."""
+    cells = torch.arange(num_cells, device=device)
+    if not teacher_forcing:
+        return cells, torch.zeros(num_cells, dtype=torch.bool, device=device)
+    noisy = torch.cat([torch.zeros(num_cells, dtype=torch.bool), torch.ones(num_cells, dtype=torch.bool)])
+    return torch.cat([cells, cells]), noisy.to(device)
+
+
+def group_mask(
+    num_cells: int, spec: CausalConfig, teacher_forcing: bool = False, device: Any = None
+) -> torch.Tensor:
+    cells, noisy = sequence_groups(num_cells, teacher_forcing, device)
+    return cell_mask(cells, cells, spec, noisy, noisy)
+
+
+def full_sequence_mask(
+    num_cells: int,
+    tokens_per_cell: int,
+    spec: CausalConfig,
+    teacher_forcing: bool = False,
+    device: Any = None,
+) -> torch.Tensor:
+    """Bool [L, L] token mask for SDPA (True = attend)."""
+    g = group_mask(num_cells, spec, teacher_forcing, device)
+    return g.repeat_interleave(tokens_per_cell, 0).repeat_interleave(tokens_per_cell, 1)
+
+
+_FLEX: dict[str, Any] = {}
+
+
+def flex_block_mask(group_mask_GG: torch.Tensor, tokens_per_group: int):
+    """The same rule as a flex-attention BlockMask (GPU path; fully masked tiles are skipped)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    length = group_mask_GG.shape[0] * tokens_per_group
+    device = group_mask_GG.device
+    gm = group_mask_GG
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return gm[q_idx // tokens_per_group, kv_idx // tokens_per_group]
+
+    return create_block_mask(mask_mod, None, None, length, length, device=str(device))
+
+
+def _flex_attention(q, k, v, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    key = q.device.type
+    if key not in _FLEX:
+        _FLEX[key] = torch.compile(flex_attention, dynamic=False) if key == "cuda" else flex_attention
+    return _FLEX[key](q, k, v, block_mask=block_mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# RoPE (DiffSynth's 3-D frequencies, applied in real arithmetic)
+
+
+class RopeTable:
+    """cos/sin of a WanModel's ``freqs`` (time, h, w parts) on one device, in the compute dtype:
+    float64 for fp32 activations (DiffSynth's precision: it rotates in complex128), float32 for
+    bf16/fp16 activations."""
+
+    def __init__(self, freqs: Sequence[torch.Tensor], device: torch.device, compute_dtype: torch.dtype):
+        self.device, self.compute_dtype = device, compute_dtype
+        self.cos = [f.real.to(device=device, dtype=compute_dtype) for f in freqs]
+        self.sin = [f.imag.to(device=device, dtype=compute_dtype) for f in freqs]
+
+    def token_freqs(self, time_pos: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token (cos, sin) [G*h*w, head_dim/2] for groups at time positions ``time_pos`` [G]."""
+        g = int(time_pos.numel())
+        tp = time_pos.to(self.device).long().repeat_interleave(h * w)
+        hh = torch.arange(h, device=self.device).repeat_interleave(w).repeat(g)
+        ww = torch.arange(w, device=self.device).repeat(g * h)
+        idx = (tp, hh, ww)
+        cos = torch.cat([c[i] for c, i in zip(self.cos, idx, strict=True)], dim=-1)
+        sin = torch.cat([s[i] for s, i in zip(self.sin, idx, strict=True)], dim=-1)
+        return cos, sin
+
+
+def apply_rope(x_BLC: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Rotate consecutive channel pairs of every head: (a + ib) * (cos + i sin)."""
+    dtype = x_BLC.dtype
+    xr = x_BLC.to(cos.dtype).unflatten(-1, (num_heads, -1, 2))
+    a, b = xr[..., 0], xr[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack([a * c - b * s, a * s + b * c], dim=-1)
+    return out.flatten(2).to(dtype)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, mask: torch.Tensor | None = None):
+    """[B, L, H*D] attention through PyTorch SDPA (the layout DiffSynth uses)."""
+    q = rearrange(q, "b s (n d) -> b n s d", n=num_heads)
+    k = rearrange(k, "b s (n d) -> b n s d", n=num_heads)
+    v = rearrange(v, "b s (n d) -> b n s d", n=num_heads)
+    x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return rearrange(x, "b n s d -> b s (n d)", n=num_heads)
+
+
+# ------------------------------------------------------------------------------------------------
+# attention plans: called by every block as plan(layer, q, k, v) with q, k normed, un-rotated
+
+
+class FullSequenceAttention:
+    """Bidirectional (no mask), block-causal or teacher-forcing attention over a whole sequence."""
+
+    def __init__(
+        self,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        num_heads: int,
+        mask: torch.Tensor | None = None,
+        block_mask: Any = None,
+    ):
+        self.cos, self.sin, self.num_heads = cos, sin, num_heads
+        self.mask, self.block_mask = mask, block_mask
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q = apply_rope(q, self.cos, self.sin, self.num_heads)
+        k = apply_rope(k, self.cos, self.sin, self.num_heads)
+        if self.block_mask is not None:
+            h = self.num_heads
+            qh, kh, vh = (rearrange(t, "b s (n d) -> b n s d", n=h) for t in (q, k, v))
+            x = _flex_attention(qh, kh, vh, self.block_mask)
+            return rearrange(x, "b n s d -> b s (n d)", n=h)
+        return sdpa(q, k, v, self.num_heads, self.mask)
+
+
+class KVCache:
+    """Per-layer K (un-rotated) and V of committed cells, evicted by ``visible``.
+
+    ``begin(cell)`` starts a forward for query cell ``cell`` (evicting what it cannot see);
+    ``attend`` runs one layer; ``end(commit)`` appends the forward's K/V when it was a commit.
+    Rotated cached keys are memoised per query cell (4 denoise forwards + commit share them).
+    """
+
+    def __init__(self, spec: CausalConfig, num_layers: int, grid_hw: tuple[int, int], num_heads: int):
+        self.spec, self.num_layers, self.num_heads = spec, num_layers, num_heads
+        self.grid_hw = grid_hw
+        self.tokens_per_cell = grid_hw[0] * grid_hw[1]
+        self.cells: list[int] = []
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cell: int | None = None
+        self._rot: dict[int, torch.Tensor] = {}
+        self._freqs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def visible_cells(self, q_cell: int) -> list[int]:
+        if not self.cells:
+            return []
+        keep = visible(q_cell, torch.tensor(self.cells), self.spec)
+        return [c for c, k in zip(self.cells, keep.tolist(), strict=True) if k]
+
+    def evict_for(self, q_cell: int) -> None:
+        keep = self.visible_cells(q_cell)
+        if keep == self.cells:
+            return
+        n = self.tokens_per_cell
+        slots = [self.cells.index(c) for c in keep]
+        for layer in range(self.num_layers):
+            k, v = self.k[layer], self.v[layer]
+            if k is None or v is None:
+                continue
+            if slots:
+                idx = torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots]).to(k.device)
+                self.k[layer], self.v[layer] = k.index_select(1, idx), v.index_select(1, idx)
+            else:
+                self.k[layer] = self.v[layer] = None
+        self.cells = keep
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._cell = None
+        self._rot.clear()
+        self._freqs.clear()
+
+    def begin(self, cell: int) -> None:
+        if self.cells and cell <= self.cells[-1]:
+            raise ValueError(f"query cell {cell} must come after the cached cells {self.cells}")
+        self.evict_for(cell)
+        if self._cell != cell:
+            self._invalidate()
+            self._cell = cell
+        self._pending.clear()
+
+    def _token_freqs(self, which: str, rope: RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
+        if which not in self._freqs:
+            assert self._cell is not None
+            h, w = self.grid_hw
+            if which == "q":
+                pos = torch.tensor([query_time_position(self._cell, self.spec)])
+            else:
+                pos = rope_time_positions(torch.tensor(self.cells), self._cell, self.spec)
+            self._freqs[which] = rope.token_freqs(pos, h, w)
+        return self._freqs[which]
+
+    @torch.compiler.disable  # python-side cache state: keep it out of compiled block graphs
+    def attend(self, layer: int, q, k, v, rope: RopeTable, commit: bool) -> torch.Tensor:
+        if self._cell is None:
+            raise RuntimeError("KVCache.attend outside begin()/end()")
+        h = self.num_heads
+        cos_q, sin_q = self._token_freqs("q", rope)
+        qr, kr = apply_rope(q, cos_q, sin_q, h), apply_rope(k, cos_q, sin_q, h)
+        k_cached, v_cached = self.k[layer], self.v[layer]
+        v_all = v
+        if k_cached is not None and v_cached is not None:
+            if layer not in self._rot:
+                cos_k, sin_k = self._token_freqs("kv", rope)
+                self._rot[layer] = apply_rope(k_cached, cos_k, sin_k, h)
+            kr = torch.cat([self._rot[layer], kr], dim=1)
+            v_all = torch.cat([v_cached, v], dim=1)
+        if commit:
+            self._pending[layer] = (k.detach(), v.detach())
+        return sdpa(qr, kr, v_all, h)
+
+    def end(self, commit: bool) -> None:
+        """Finish the forward; a commit appends this cell's K/V and evicts for the next cell."""
+        cell = self._cell
+        if commit:
+            if cell is None or len(self._pending) != self.num_layers:
+                raise RuntimeError(f"commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers")
+            for layer, (k, v) in sorted(self._pending.items()):
+                k_old, v_old = self.k[layer], self.v[layer]
+                self.k[layer] = k if k_old is None else torch.cat([k_old, k], dim=1)
+                self.v[layer] = v if v_old is None else torch.cat([v_old, v], dim=1)
+            self.cells.append(cell)
+            self._pending.clear()
+            self._invalidate()
+            self.evict_for(cell + 1)
+        self._pending.clear()
+
+
+class KVStepAttention:
+    """The plan of one KV-cache forward (one query cell)."""
+
+    def __init__(self, cache: KVCache, rope: RopeTable, commit: bool):
+        self.cache, self.rope, self.commit = cache, rope, commit
+
+    def __call__(self, layer: int, q, k, v) -> torch.Tensor:
+        return self.cache.attend(layer, q, k, v, self.rope, self.commit)
+
+
+# ------------------------------------------------------------------------------------------------
+# rollout (deploy, stage-3 self-rollout, tests)
+
+
+def sigma_of(t: float) -> float:
+    return float(t) / 1000.0
+
+
+def _noise_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+
+
+def denoise_cell(
+    model: GcDiT,
+    cache: KVCache,
+    cell: int,
+    x_init: torch.Tensor,
+    timesteps: Sequence[float],
+    *,
+    text: TextContext,
+    sem_ids: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    noise: Sequence[torch.Tensor] | None = None,
+    exit_step: int | None = None,
+    grad: bool = False,
+    record: list[dict[str, Any]] | None = None,
+) -> torch.Tensor:
+    """Denoise one cell against the cache and commit it; returns x0 ``[B, C, 1, H, W]``.
+
+    Steps k < ``exit_step`` (default: the last) run under no_grad; the exit step runs with grad
+    iff ``grad``. Re-noising uses ``noise[k]`` or fresh normal noise from ``generator``. The commit
+    forward of x0.detach() at t=0 always runs under no_grad. ``record`` (tests) receives one dict
+    per forward: cell, step (int or "commit"), x, t, v.
+    """
+    num_steps = len(timesteps)
+    exit_k = num_steps - 1 if exit_step is None else exit_step
+    if not 0 <= exit_k < num_steps:
+        raise ValueError(f"exit_step={exit_step} outside 0..{num_steps - 1}")
+    x = x_init
+    x0 = x
+    for k in range(exit_k + 1):
+        t = float(timesteps[k])
+        with torch.set_grad_enabled(grad and k == exit_k):
+            v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False)
+            assert v is not None
+            x0 = x - sigma_of(t) * v
+        if record is not None:
+            record.append({"cell": cell, "step": k, "x": x.detach(), "t": t, "v": v.detach()})
+        if k < exit_k:
+            eps = noise[k] if noise is not None else _noise_like(x, generator)
+            s_next = sigma_of(timesteps[k + 1])
+            x = ((1.0 - s_next) * x0 + s_next * eps).detach()
+    with torch.no_grad():
+        v_commit = model(
+            x0.detach(),
+            0.0,
+            text,
+            sem_ids,
+            mode="kv",
+            cell=cell,
+            cache=cache,
+            commit=True,
+            return_output=record is not None,
+        )
+    if record is not None:
+        record.append({"cell": cell, "step": "commit", "x": x0.detach(), "t": 0.0, "v": v_commit})
+    return x0
+
+
+class CausalStreamer:
+    """Stateful per-cell generation (deploy): ``start`` prefills the anchor cell at t=0, each
+    ``step`` denoises and commits the next cell."""
+
+    def __init__(self, model: GcDiT, spec: CausalConfig, timesteps: Sequence[float]):
+        self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)
+        self.cache: KVCache | None = None
+        self.next_cell = 0
+
+    @torch.no_grad()
+    def start(self, anchor: torch.Tensor, text: TextContext, sem_ids: torch.Tensor | None = None) -> None:
+        """Prefill the clean anchor cell ``[B, C, 1, H, W]`` at t=0."""
+        self.cache = self.model.new_kv_cache(self.spec, anchor.shape[-2:])
+        self.model(
+            anchor, 0.0, text, sem_ids, mode="kv", cell=0, cache=self.cache, commit=True, return_output=False
+        )
+        self._cell_like = anchor
+        self.next_cell = 1
+
+    def step(
+        self,
+        text: TextContext,
+        sem_ids: torch.Tensor | None = None,
+        *,
+        x_init: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        record: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Denoise + commit the next cell (``kwargs``: noise, exit_step, grad of ``denoise_cell``)."""
+        if self.cache is None:
+            raise RuntimeError("CausalStreamer.step before start()")
+        if x_init is None:
+            x_init = _noise_like(self._cell_like, generator)
+        x0 = denoise_cell(
+            self.model,
+            self.cache,
+            self.next_cell,
+            x_init,
+            self.timesteps,
+            text=text,
+            sem_ids=sem_ids,
+            generator=generator,
+            record=record,
+            **kwargs,
+        )
+        self.next_cell += 1
+        return x0
+
+
+def kv_rollout(
+    model: GcDiT,
+    anchor: torch.Tensor,
+    num_cells: int,
+    timesteps: Sequence[float],
+    *,
+    spec: CausalConfig,
+    context: torch.Tensor,
+    context_index: torch.Tensor | None = None,
+    sem_ids: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    record: list[dict[str, Any]] | None = None,
+) -> torch.Tensor:
+    """Generate cells 1..num_cells-1 after the clean ``anchor`` [B, C, 1, H, W]; returns
+    ``[B, C, num_cells, H, W]`` (cell 0 = anchor). ``context``: shared [B, Lc, Dt], per cell
+    [B, N, Lc, Dt], or a bank [B, P, Lc, Dt] with ``context_index`` [B, N]. ``sem_ids``: the clip's
+    raw ids [B, 1 + 4(N-1), H*16, W*16]."""
+    from gc25d_core.models.sem_cond import cell_frame_slice
+
+    streamer = CausalStreamer(model, spec, timesteps)
+
+    def sem(cell: int) -> torch.Tensor | None:
+        return None if sem_ids is None else sem_ids[:, cell_frame_slice(cell)]
+
+    texts = model.per_cell_text(context, context_index, num_cells)
+    streamer.start(anchor, texts(0), sem(0))
+    cells = [anchor]
+    for cell in range(1, num_cells):
+        cells.append(streamer.step(texts(cell), sem(cell), generator=generator, record=record))
+    return torch.cat(cells, dim=2)
