@@ -132,6 +132,17 @@ class PathsConfig(Strict):
     runs_root: Path = Path("outputs")
 
 
+class VaeConfig(Strict):
+    """The Wan2.2 VAE used by the latents job. Real weights are verified by SHA256 before use."""
+
+    path: Path | None = None
+    sha256: str | None = None
+    tiny: bool = Field(default=False, description="small random VAE of the same class (tests, embedded default)")
+    clips_per_batch: int = Field(default=1, ge=1, description="clips encoded together (GPU throughput)")
+    num_workers: int = Field(default=2, ge=0, description="DataLoader workers that decode and resample frames")
+    allow_tf32_matmul: bool = False
+
+
 class DistributedConfig(Strict):
     nproc_per_node: int = 8
     nnodes: int = 1
@@ -151,6 +162,7 @@ class Gc25dConfig(Strict):
     timeline: TimelineConfig = TimelineConfig()
     index: IndexConfig = IndexConfig()
     text: TextConfig = TextConfig()
+    vae: VaeConfig = VaeConfig()
     distributed: DistributedConfig = DistributedConfig()
     extra: dict[str, Any] = Field(default_factory=dict, description="stage sections not modelled yet")
 

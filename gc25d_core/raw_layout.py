@@ -19,7 +19,6 @@ x = (ndc_x + 1)/2 · W − 0.5, y = (1 − ndc_y)/2 · H − 0.5 (pixel centres 
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cached_property
 from pathlib import Path

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gc25d_core.config import DropListConfig, V10_VAL_RUNS, load_config
+from gc25d_core.config import V10_VAL_RUNS, DropListConfig, load_config
 from gc25d_core.index import IndexBuildError, build_and_write, build_index, read_index
 from gc25d_core.layout import Layout
 from gc25d_core.raw_layout import RawLayoutError, RawSource

@@ -40,10 +40,15 @@ class ShardResult:
     bytes_written: int = 0
     seconds: float = 0.0
     failures: list[ClipFailure] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ClipFailuresError(RuntimeError):
     """Some clips failed; the message lists which and why."""
+
+
+OnClip = Callable[[ClipRow, int], None]
+OnError = Callable[[ClipRow, str], None]
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,15 @@ class ClipTask:
 
     ``outputs(row)`` lists the files the clip produces; ``is_done(row)`` says whether they exist and
     validate (cheap checks preferred); ``build(row)`` computes and writes them atomically and returns
-    the bytes written.
+    the bytes written. A task that pipelines its clips (the GPU latents job) sets ``build_many``
+    instead: it gets this rank's pending rows and calls ``on_clip(row, nbytes)`` / ``on_error(row, msg)``.
     """
 
     name: str
     outputs: Callable[[ClipRow], list[Path]]
     is_done: Callable[[ClipRow], bool]
-    build: Callable[[ClipRow], int]
+    build: Callable[[ClipRow], int] | None = None
+    build_many: Callable[[list[ClipRow], OnClip, OnError], dict[str, Any]] | None = None
 
 
 def shard_rows(rows: Sequence[ClipRow], rank: int | None = None, world: int | None = None) -> list[ClipRow]:
@@ -71,18 +78,43 @@ def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: P
     result = ShardResult(rank=rank, num_assigned=len(mine))
     t0 = time.monotonic()
     progress = rep.progress(total=len(mine), unit="clips")
-    for i, row in enumerate(mine, start=1):
-        maybe_inject_fault(i, rep.retry_number)  # test hook: GC25D_FAULT=rank=..,step=<clip #>
-        try:
-            if task.is_done(row):
-                result.num_skipped += 1
-            else:
-                result.bytes_written += task.build(row)
-                result.num_done += 1
-        except Exception as e:  # record and continue: one bad clip must not hide the others
-            result.failures.append(ClipFailure(row.clip_id, f"{type(e).__name__}: {e}", traceback.format_exc()))
-            rep.log(f"{task.name}: clip {row.clip_id} failed: {type(e).__name__}: {e}", level="error")
+
+    def fail(row: ClipRow, error: str, tb: str = "") -> None:
+        result.failures.append(ClipFailure(row.clip_id, error, tb))
+        rep.log(f"{task.name}: clip {row.clip_id} failed: {error}", level="error")
         progress.update(1)
+
+    def done(row: ClipRow, nbytes: int) -> None:
+        result.bytes_written += nbytes
+        result.num_done += 1
+        maybe_inject_fault(result.num_done + result.num_skipped + 1, rep.retry_number)  # test hook
+        progress.update(1)
+
+    pending = []
+    for row in mine:
+        try:
+            finished = task.is_done(row)
+        except Exception as e:  # a check that cannot run is a failure of that clip, not of the job
+            fail(row, f"{type(e).__name__}: {e}", traceback.format_exc())
+            continue
+        if finished:
+            result.num_skipped += 1
+            progress.update(1)
+        else:
+            pending.append(row)
+    if pending:
+        maybe_inject_fault(result.num_skipped + 1, rep.retry_number)  # test hook: GC25D_FAULT step = clip #
+    if task.build_many is not None:
+        result.extra = task.build_many(pending, done, fail)
+    else:
+        assert task.build is not None, f"task {task.name} has neither build nor build_many"
+        for row in pending:
+            try:
+                nbytes = task.build(row)
+            except Exception as e:  # record and continue: one bad clip must not hide the others
+                fail(row, f"{type(e).__name__}: {e}", traceback.format_exc())
+                continue
+            done(row, nbytes)
     result.seconds = time.monotonic() - t0
     path = run_dir / "failures" / f"rank-{rank}.json"
     atomic_write_text(path, json.dumps([asdict(f) for f in result.failures], indent=1))
@@ -114,6 +146,7 @@ def summarize(task: ClipTask, results: list[ShardResult], num_rows: int) -> dict
         "clips_per_s": round(done / seconds, 4) if seconds > 0 else 0.0,
         "world_size": len(results),
         "failures": [{"clip_id": f.clip_id, "error": f.error} for f in failures[:50]],
+        **{k: round(sum(float(r.extra.get(k, 0.0)) for r in results), 3) for k in results[0].extra},
     }
 
 

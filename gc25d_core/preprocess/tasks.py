@@ -82,3 +82,19 @@ def meta_task(cfg: Gc25dConfig) -> ClipTask:
         is_done=lambda row: npz_matches(lay.meta(row.clip_id), meta_expected(shapes, row.has_ext)),
         build=build,
     )
+
+
+def latents_task(cfg: Gc25dConfig) -> ClipTask:
+    import torch
+
+    from gc25d_core.distributed import local_rank
+    from gc25d_core.preprocess.latents import latents_done, run_latents
+
+    lay, shapes = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg)
+    device = torch.device("cuda", local_rank()) if cfg.device == "cuda" else torch.device("cpu")
+    return ClipTask(
+        name="latents",
+        outputs=lambda row: [lay.latents(row.clip_id)],
+        is_done=lambda row: latents_done(lay, shapes, row),
+        build_many=lambda rows, on_clip, on_error: run_latents(cfg, rows, device, on_clip, on_error),
+    )

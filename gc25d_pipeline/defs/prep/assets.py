@@ -33,3 +33,7 @@ cond_ext = clip_job_asset(
     "cond_ext", "gc25d_core.jobs.cond_ext", [clips_index, raw_source],
     "cond_ext/<clip_id>.npz for has_ext clips: ids [28,H,W], blocks [7,5], 7 prompts",
 )
+latents = clip_job_asset(
+    "latents", "gc25d_core.jobs.latents", [clips_index, raw_source],
+    "latents/<clip_id>.pt: Wan2.2 VAE bf16 [48,21,H/16,W/16] + prompts, actions_block, ids", pool="gpu",
+)

@@ -1,0 +1,68 @@
+"""Probe: VAE38 encode speed and error for precision / memory-format options (one clip, random weights).
+
+Errors are relative to an fp32 encode with TF32 off. Prints JSON lines. GPU only.
+    python bench/vae_precision_probe.py
+"""
+
+import json
+import time
+
+import torch
+
+from gc25d_core.compat import import_diffsynth
+
+import_diffsynth()
+from diffsynth.models.wan_video_vae import WanVideoVAE38  # noqa: E402
+
+dev = torch.device("cuda")
+torch.manual_seed(0)
+with torch.device(dev):
+    vae = WanVideoVAE38().eval()
+vid = torch.rand(1, 3, 81, 480, 832, device=dev) * 2 - 1
+
+
+def timed(fn, reps=3):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        z = fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2], z
+
+
+def enc(v, dtype=None):
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+        return vae.encode(v, device=dev, tiled=False).float()
+
+
+torch.backends.cudnn.allow_tf32 = False
+ref = enc(vid)
+torch.backends.cudnn.allow_tf32 = True
+
+
+def rel(z):
+    return float((z[:1] - ref).norm() / ref.norm())
+
+
+def report(probe, fn, clips=1):
+    t, z = timed(fn)
+    print(json.dumps({"probe": probe, "s_per_clip": t / clips, "rel_err": rel(z),
+                      "rel_err_bf16_stored": rel(z.bfloat16().float())}), flush=True)
+
+
+report("fp32_tf32conv", lambda: enc(vid))
+torch.backends.cudnn.benchmark = True
+report("fp32_tf32conv_cudnn_benchmark", lambda: enc(vid))
+report("autocast_fp16", lambda: enc(vid, torch.float16))
+report("autocast_bf16", lambda: enc(vid, torch.bfloat16))
+for m in vae.model.modules():  # only the 5-D conv weights take the channels-last-3d layout
+    if isinstance(m, torch.nn.Conv3d):
+        m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+vid_cl = vid.contiguous(memory_format=torch.channels_last_3d)
+report("fp32_channels_last_3d", lambda: enc(vid_cl))
+report("fp16_channels_last_3d", lambda: enc(vid_cl, torch.float16))
+vid2 = vid.repeat(2, 1, 1, 1, 1).contiguous(memory_format=torch.channels_last_3d)
+report("fp16_channels_last_3d_batch2", lambda: enc(vid2, torch.float16), clips=2)

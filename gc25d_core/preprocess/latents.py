@@ -1,0 +1,135 @@
+"""SPEC §5 latents/<clip_id>.pt: Wan2.2 VAE (fp32 weights, default TF32 convolutions, non-tiled) over
+resample_rgb frames in [−1, 1], stored bf16 [48,21,H/16,W/16] with prompts, actions and ids.
+
+Throughput: frames are read and resampled by DataLoader workers while the GPU encodes the previous
+batch, and ``vae.clips_per_batch`` clips are encoded together (the causal VAE runs many small
+kernels per clip; a batch fills the GPU better). Files are written atomically after each batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gc25d_core.config import Gc25dConfig
+from gc25d_core.geometry import resample_rgb
+from gc25d_core.index import ClipRow
+from gc25d_core.layout import Layout, LayoutError, Shapes, read_latents, write_latents
+from gc25d_core.raw_frames import read_rgb
+from gc25d_core.raw_layout import RunDir
+from gc25d_core.text import cell_prompts, text_data
+from gc25d_core.timeline import blocks20, cell_blocks
+
+
+def load_clip_frames(run: RunDir, start: int, cfg: Gc25dConfig) -> np.ndarray:
+    """uint8 [81,H,W,3]: the clip's frames, cropped and INTER_AREA-resized."""
+    n = cfg.timeline.num_frames
+    out = np.empty((n, cfg.geometry.dst_height, cfg.geometry.dst_width, 3), np.uint8)
+    for i in range(n):
+        out[i] = resample_rgb(read_rgb(run, start + i), cfg.geometry)
+    return out
+
+
+def clip_record(row: ClipRow, run: RunDir, latent: torch.Tensor, cfg: Gc25dConfig) -> dict[str, Any]:
+    b20 = blocks20(run.actions_block, row.start, cfg.timeline)
+    return {
+        "latent": latent.to(torch.bfloat16).contiguous(),
+        "prompts": cell_prompts(b20, text_data(cfg.text)),
+        "actions_block": torch.from_numpy(np.ascontiguousarray(cell_blocks(b20))),
+        "clip_id": row.clip_id,
+        "subset": row.subset,
+        "scene": row.scene,
+        "run": row.run,
+        "start": row.start,
+    }
+
+
+def latents_done(layout: Layout, shapes: Shapes, row: ClipRow) -> bool:
+    path = layout.latents(row.clip_id)
+    if not path.is_file():
+        return False
+    try:
+        read_latents(path, shapes)
+        return True
+    except LayoutError:
+        return False
+
+
+def build_vae_for(cfg: Gc25dConfig, device: torch.device):
+    from gc25d_core.models.vae import build_vae, load_vae
+
+    if cfg.vae.tiny:
+        torch.manual_seed(cfg.seed)  # the tiny random VAE must be the same on every rank and rerun
+        return build_vae(tiny=True, device="cpu").to(device)
+    if cfg.vae.path is None or not cfg.vae.sha256:
+        raise ValueError("vae.path and vae.sha256 must be set to encode with real weights")
+    return load_vae(cfg.vae.path, expected_sha256=cfg.vae.sha256, device=device)
+
+
+class ClipFrames(torch.utils.data.Dataset):
+    """(index, frames uint8 [81,H,W,3]) per pending clip; runs inside DataLoader workers."""
+
+    def __init__(self, rows: list[ClipRow], cfg: Gc25dConfig):
+        from gc25d_core.preprocess.tasks import RunCache
+
+        self.rows, self.cfg, self.runs = rows, cfg, RunCache(Path(cfg.raw.root))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | str]:
+        row = self.rows[i]
+        try:
+            return i, torch.from_numpy(load_clip_frames(self.runs(row), row.start, self.cfg))
+        except Exception as e:  # reported per clip by the caller
+            return i, f"{type(e).__name__}: {e}"
+
+
+def _collate(batch):
+    return batch
+
+
+def encode_batch(vae, frames: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """uint8 [81,H,W,3] × B → float32 latents [B,48,21,h,w] (frames moved and normalised on device)."""
+    video = torch.stack([f.to(device, non_blocking=True) for f in frames])  # [B,T,H,W,3]
+    video = video.permute(0, 4, 1, 2, 3).float().div_(127.5).sub_(1.0)
+    with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
+        return vae.encode(video, device=device, tiled=False).float()
+
+
+def run_latents(cfg: Gc25dConfig, rows: list[ClipRow], device: torch.device, on_clip, on_error) -> dict[str, float]:
+    """Encode ``rows`` (already this rank's pending clips). ``on_clip(row, nbytes)`` / ``on_error(row, msg)``."""
+    from gc25d_core.preprocess.tasks import RunCache
+
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = cfg.vae.allow_tf32_matmul
+    layout, shapes, runs = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg), RunCache(Path(cfg.raw.root))
+    vae = build_vae_for(cfg, device)
+    loader = torch.utils.data.DataLoader(
+        ClipFrames(rows, cfg), batch_size=cfg.vae.clips_per_batch, num_workers=cfg.vae.num_workers,
+        collate_fn=_collate, pin_memory=device.type == "cuda", prefetch_factor=2 if cfg.vae.num_workers else None,
+    )
+    t_encode = 0.0
+    for batch in loader:
+        good = [(i, f) for i, f in batch if isinstance(f, torch.Tensor)]
+        for i, f in batch:
+            if not isinstance(f, torch.Tensor):
+                on_error(rows[i], f)
+        if not good:
+            continue
+        t0 = time.perf_counter()
+        latents = encode_batch(vae, [f for _, f in good], device).cpu()
+        t_encode += time.perf_counter() - t0
+        for (i, _), latent in zip(good, latents, strict=True):
+            row = rows[i]
+            try:
+                path = write_latents(layout, clip_record(row, runs(row), latent, cfg), shapes)
+                on_clip(row, path.stat().st_size)
+            except Exception as e:
+                on_error(row, f"{type(e).__name__}: {e}")
+    return {"encode_seconds": t_encode}
