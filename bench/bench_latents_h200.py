@@ -159,7 +159,8 @@ def main() -> None:
         errors: list[str] = []
         t0 = time.perf_counter()
         with GpuUtil(device) as util:
-            extra = L.run_latents(c, work, device, lambda r, n: done.append(n), lambda r, e: errors.append(e))
+            extra = L.run_latents(c, work, device, lambda r, n, d=done: d.append(n),
+                                  lambda r, e, errs=errors: errs.append(e))
             sync(device)
         s = (time.perf_counter() - t0) / len(work)
         out(probe="ours", clips_per_batch=b, s_per_clip=s, encode_s_per_clip=extra["encode_seconds"] / len(work),
