@@ -141,6 +141,10 @@ class VaeConfig(Strict):
     clips_per_batch: int = Field(default=1, ge=1, description="clips encoded together (GPU throughput)")
     num_workers: int = Field(default=2, ge=0, description="DataLoader workers that decode and resample frames")
     allow_tf32_matmul: bool = False
+    channels_last_3d: bool = Field(
+        default=True, description="NDHWC conv layout on GPU: same numerics, 1.3x faster encode on H200")
+    compute_dtype: Literal["fp32", "fp16"] = Field(
+        default="fp32", description="fp32 = SPEC (fp32 weights, TF32 convs); fp16 autocast is an opt-in speed-up")
 
 
 class DistributedConfig(Strict):
