@@ -147,6 +147,15 @@ class VaeConfig(Strict):
         default="fp32", description="fp32 = SPEC (fp32 weights, TF32 convs); fp16 autocast is an opt-in speed-up")
 
 
+class CacheConfig(Strict):
+    """The training cache the trainers read (dataset card): where, and how processed clips are packed."""
+
+    store: str = Field(default="data/gc25d_v10/cache", description="a folder, or hf://datasets/<owner>/<name>")
+    worker: str = "prep"
+    samples_per_shard: int = Field(default=60, ge=1)
+    include_cond: bool = True
+
+
 class DistributedConfig(Strict):
     nproc_per_node: int = 8
     nnodes: int = 1
@@ -167,6 +176,7 @@ class Gc25dConfig(Strict):
     index: IndexConfig = IndexConfig()
     text: TextConfig = TextConfig()
     vae: VaeConfig = VaeConfig()
+    cache: CacheConfig = CacheConfig()
     distributed: DistributedConfig = DistributedConfig()
     extra: dict[str, Any] = Field(default_factory=dict, description="stage sections not modelled yet")
 

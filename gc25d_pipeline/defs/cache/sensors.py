@@ -1,0 +1,33 @@
+"""React to new immutable training-cache snapshots: one dynamic partition and one run per snapshot."""
+
+import dagster as dg
+
+from gc25d_core.cache.from_layout import open_cache_store
+from gc25d_core.cache.manifest import snapshot_id
+from gc25d_core.cache.snapshots import list_versions
+from gc25d_pipeline.defs.cache.assets import cache_snapshot
+from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.project import Gc25dProject
+
+snapshot_job = dg.define_asset_job(
+    "cache_snapshot_job", selection=[cache_snapshot],
+    description="Verify (and later train on) one immutable training-cache snapshot",
+)
+
+
+@dg.sensor(job=snapshot_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+def cache_snapshot_sensor(context: dg.SensorEvaluationContext, project: Gc25dProject):
+    """Cursor = the highest snapshot version seen; run_key = snapshot id (idempotent if the cursor is lost)."""
+    store = open_cache_store(project.config())
+    seen = int(context.cursor or 0)
+    new = [v for v in list_versions(store) if v > seen]
+    if not new:
+        return dg.SkipReason(f"no snapshot newer than v{seen:06d}")
+    keys = [snapshot_id(v) for v in new]
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(partition_key=k, run_key=k) for k in keys],
+        dynamic_partitions_requests=[cache_snapshots.build_add_request(keys)],
+        asset_events=[dg.AssetObservation("dataset_manifest", metadata={"snapshot": k},
+                                          tags={"dagster/data_version": k}) for k in keys],
+        cursor=str(max(new)),
+    )

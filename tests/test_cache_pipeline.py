@@ -1,0 +1,116 @@
+"""Training cache in the graph: training_cache publishes snapshots from the processed layout, the
+sensor adds one partition + one run per new immutable snapshot, and each snapshot is deep-verified."""
+
+import json
+
+import dagster as dg
+import numpy as np
+import pytest
+import torch
+
+from gc25d_core.cache.from_layout import open_cache_store
+from gc25d_core.cache.snapshots import list_versions, read_snapshot
+from gc25d_core.config import load_config
+from gc25d_core.index import ClipRow, write_index
+from gc25d_core.layout import Layout, Shapes, clip_id, write_cond, write_latents
+from gc25d_pipeline.defs.cache.assets import cache_snapshot, training_cache
+from gc25d_pipeline.defs.cache.sensors import cache_snapshot_sensor
+from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+
+
+def _write_clips(cfg, runs: dict[str, str], starts=(0, 96)) -> None:
+    """A processed layout without raw data: index rows, latents and cond for each clip."""
+    layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
+    rows = []
+    for run, split in runs.items():
+        for s in starts:
+            cid = clip_id("arena", run, s)
+            rows.append(ClipRow(clip_id=cid, subset="v10_real", scene="arena", run=run, start=s, end=s + 81,
+                                split=split, drop=False, drop_reason="", episode=0, camera_variant="a",
+                                look_name="l", centered=True, n_events=0, dead_frac=0.0, has_ext=False,
+                                ortho=False, ext_look_change=False))
+            g = torch.Generator().manual_seed(s + len(run))
+            write_latents(layout, {
+                "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16), "prompts": ["p"] * 21,
+                "actions_block": torch.zeros(21, 5, dtype=torch.uint8), "clip_id": cid, "subset": "v10_real",
+                "scene": "arena", "run": run, "start": s}, shapes)
+            write_cond(layout, cid, np.full(shapes.cond, 1, np.uint8), shapes)
+    write_index(layout, rows, runs)
+
+
+def _tick(instance, project, cursor):
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"project": project}) as ctx:
+        return cache_snapshot_sensor(ctx)
+
+
+@pytest.fixture
+def project(tmp_path):
+    p = Gc25dProject(preset="tiny", overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],
+                     store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")))
+    _write_clips(p.config(), {"R10_s1512": "val", "R10_s2024": "train"})
+    return p
+
+
+def test_training_cache_publishes_then_is_idempotent(project):
+    first = training_cache(dg.build_asset_context(), project=project)
+    assert first.metadata["snapshot"] == "v000001" and first.metadata["num_shards_packed"] == 2
+    assert first.metadata["added_samples"] == 4
+    again = training_cache(dg.build_asset_context(), project=project)
+    assert again.metadata["noop"] and again.metadata["num_shards_skipped"] == 2
+    store = open_cache_store(project.config())
+    assert list_versions(store) == [1]
+    manifest = read_snapshot(store, 1).manifest
+    assert manifest.schema_name == "gc25d_training_cache_v1"
+    split_of = {e.id: e.split for sh in manifest.shards for e in sh.samples}
+    assert split_of == {  # the SPEC's run-level split
+        "arena__R10_s1512__000000": "val", "arena__R10_s1512__000096": "val",
+        "arena__R10_s2024__000000": "train", "arena__R10_s2024__000096": "train"}
+
+
+def test_sensor_adds_one_partition_and_run_per_new_snapshot(project, tmp_path):
+    with dg.instance_for_test() as instance:
+        assert isinstance(_tick(instance, project, None), dg.SkipReason)  # nothing published yet
+        training_cache(dg.build_asset_context(), project=project)
+        result = _tick(instance, project, None)
+        assert [r.partition_key for r in result.run_requests] == ["v000001"]
+        assert [r.run_key for r in result.run_requests] == ["v000001"]
+        assert result.dynamic_partitions_requests[0].partition_keys == ["v000001"]
+        assert result.cursor == "1"
+        assert isinstance(_tick(instance, project, "1"), dg.SkipReason)
+        # more clips arrive → the next snapshot, and only it is requested
+        _write_clips(project.config(), {"R10_s1512": "val", "R10_s2024": "train", "R10_s3036": "train"})
+        assert training_cache(dg.build_asset_context(), project=project).metadata["snapshot"] == "v000002"
+        result = _tick(instance, project, "1")
+        assert [r.partition_key for r in result.run_requests] == ["v000002"] and result.cursor == "2"
+
+
+def test_snapshot_partition_is_verified_and_corruption_fails(project, tmp_path):
+    training_cache(dg.build_asset_context(), project=project)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
+        result = dg.materialize([cache_snapshot], partition_key="v000001", instance=instance,
+                                resources={"project": project})
+        assert result.success
+        md = result.asset_materializations_for_node("cache_snapshot")[0].metadata
+        assert md["num_shards"].value == 2 and md["verified_samples"].value == 4
+        assert md["schema"].value == "gc25d_training_cache_v1"
+        tars = sorted((tmp_path / "cache").rglob("*.tar"))
+        assert tars
+        data = bytearray(tars[0].read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte in a listed shard
+        tars[0].chmod(0o644)
+        tars[0].write_bytes(bytes(data))
+        bad = dg.materialize([cache_snapshot], partition_key="v000001", instance=instance,
+                             resources={"project": project}, raise_on_error=False)
+        assert not bad.success
+        failure = [e for e in bad.all_events if e.event_type_value == "STEP_FAILURE"][0]
+        assert "v000001 failed verification" in failure.event_specific_data.error.message
+
+
+def test_sensor_records_the_manifest_observation(project):
+    training_cache(dg.build_asset_context(), project=project)
+    with dg.instance_for_test() as instance:
+        result = _tick(instance, project, None)
+        obs = result.asset_events[0]
+        assert obs.asset_key == dg.AssetKey("dataset_manifest") and obs.tags["dagster/data_version"] == "v000001"
+        assert json.loads(json.dumps(obs.metadata["snapshot"].value)) == "v000001"
