@@ -10,7 +10,6 @@ import torch
 
 from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.snapshots import list_versions, read_snapshot
-from gc25d_core.config import load_config
 from gc25d_core.index import ClipRow, write_index
 from gc25d_core.layout import Layout, Shapes, clip_id, write_cond, write_latents
 from gc25d_pipeline.defs.cache.assets import cache_snapshot, training_cache
