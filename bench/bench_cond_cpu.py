@@ -35,8 +35,14 @@ def main() -> None:
     ap.add_argument("--preset", default="v10")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_cond_"))
-    cfg = load_config(args.preset, {"paths": {"data_root": str(tmp / "data")}, "raw": {"root": str(args.raw)},
-                                    "index": {"allow_missing_val_runs": True, "drop_lists": []}})
+    cfg = load_config(
+        args.preset,
+        {
+            "paths": {"data_root": str(tmp / "data")},
+            "raw": {"root": str(args.raw)},
+            "index": {"allow_missing_val_runs": True, "drop_lists": []},
+        },
+    )
     build_and_write(args.raw, cfg)
     rows = sorted(read_index(Layout(cfg.paths.data_root)), key=lambda r: r.clip_id)[: args.clips]
     runs = RunCache(Path(cfg.raw.root))
@@ -56,10 +62,21 @@ def main() -> None:
             resample_ids(read_ids(run, f), cfg.geometry)
             read_frame_json(run, f)
         t_read = time.perf_counter() - t0
-        print(json.dumps({"clip": row.clip_id, "s_per_clip": t_build + t_save, "build_s": t_build,
-                          "of_which_read_resample_json_s": t_read, "label_parts_s": t_build - t_read,
-                          "savez_compressed_s": t_save, "npz_bytes": buf.tell(),
-                          "character_px_frac": float(np.isin(ids, list(range(10, 22))).mean())}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "clip": row.clip_id,
+                    "s_per_clip": t_build + t_save,
+                    "build_s": t_build,
+                    "of_which_read_resample_json_s": t_read,
+                    "label_parts_s": t_build - t_read,
+                    "savez_compressed_s": t_save,
+                    "npz_bytes": buf.tell(),
+                    "character_px_frac": float(np.isin(ids, list(range(10, 22))).mean()),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -96,16 +96,27 @@ def main() -> None:
     device = torch.device(args.device)
     tmp = Path(tempfile.mkdtemp(prefix="bench_latents_"))
     preset = "tiny" if args.tiny else "v10"
-    cfg = load_config(preset, {
-        "device": device.type, "paths": {"data_root": str(tmp / "data"), "runs_root": str(tmp / "runs")},
-        "raw": {"root": str(args.raw), "kind": "codeworld"}, "index": {"allow_missing_val_runs": True, "drop_lists": []},
-        "vae": {"tiny": args.tiny, "path": None, "num_workers": args.workers},
-    })
+    cfg = load_config(
+        preset,
+        {
+            "device": device.type,
+            "paths": {"data_root": str(tmp / "data"), "runs_root": str(tmp / "runs")},
+            "raw": {"root": str(args.raw), "kind": "codeworld"},
+            "index": {"allow_missing_val_runs": True, "drop_lists": []},
+            "vae": {"tiny": args.tiny, "path": None, "num_workers": args.workers},
+        },
+    )
     build_and_write(args.raw, cfg)
     rows = sorted(read_index(Layout(cfg.paths.data_root)), key=lambda r: r.clip_id)
     runs = RunCache(Path(cfg.raw.root))
-    out(torch=torch.__version__, device=str(device), name=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        clips=len(rows), frames_hw=[cfg.geometry.dst_height, cfg.geometry.dst_width], repeat=args.repeat)
+    out(
+        torch=torch.__version__,
+        device=str(device),
+        name=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        clips=len(rows),
+        frames_hw=[cfg.geometry.dst_height, cfg.geometry.dst_width],
+        repeat=args.repeat,
+    )
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -152,6 +163,8 @@ def main() -> None:
     plain_e2e = (time.perf_counter() - t0) / len(work)
     out(probe="plain_end_to_end", s_per_clip=plain_e2e, clips=len(work), gpu_util=util.mean)
 
+    if device.type == "cuda":
+        L.to_channels_last_3d(vae)  # what build_vae_for does on GPU (vae.channels_last_3d, the default)
     L.build_vae_for = lambda _cfg, _device: vae  # same random weights as the plain path
     for b in [int(x) for x in args.batches.split(",")]:
         c = cfg.model_copy(update={"vae": cfg.vae.model_copy(update={"clips_per_batch": b})})
@@ -159,17 +172,30 @@ def main() -> None:
         errors: list[str] = []
         t0 = time.perf_counter()
         with GpuUtil(device) as util:
-            extra = L.run_latents(c, work, device, lambda r, n, d=done: d.append(n),
-                                  lambda r, e, errs=errors: errs.append(e))
+            extra = L.run_latents(
+                c, work, device, lambda r, n, d=done: d.append(n), lambda r, e, errs=errors: errs.append(e)
+            )
             sync(device)
         s = (time.perf_counter() - t0) / len(work)
-        out(probe="ours", clips_per_batch=b, s_per_clip=s, encode_s_per_clip=extra["encode_seconds"] / len(work),
-            speedup_vs_plain_e2e=plain_e2e / s, clips=len(done), errors=errors[:3], gpu_util=util.mean,
-            peak_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+        out(
+            probe="ours",
+            clips_per_batch=b,
+            s_per_clip=s,
+            encode_s_per_clip=extra["encode_seconds"] / len(work),
+            speedup_vs_plain_e2e=plain_e2e / s,
+            clips=len(done),
+            errors=errors[:3],
+            gpu_util=util.mean,
+            peak_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        )
 
     stored = read_latents(Layout(cfg.paths.data_root).latents(rows[0].clip_id), Shapes.of(cfg))["latent"]
-    out(probe="rel_err_stored_bf16", vs_fp32_no_tf32=rel(stored.to(device), z_ref[0]),
-        vs_tf32=rel(stored.to(device), z_tf32[0]), target=3e-3)
+    out(
+        probe="rel_err_stored_bf16",
+        vs_fp32_no_tf32=rel(stored.to(device), z_ref[0]),
+        vs_tf32=rel(stored.to(device), z_tf32[0]),
+        target=3e-3,
+    )
 
 
 if __name__ == "__main__":

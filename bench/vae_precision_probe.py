@@ -49,8 +49,17 @@ def rel(z):
 
 def report(probe, fn, clips=1):
     t, z = timed(fn)
-    print(json.dumps({"probe": probe, "s_per_clip": t / clips, "rel_err": rel(z),
-                      "rel_err_bf16_stored": rel(z.bfloat16().float())}), flush=True)
+    print(
+        json.dumps(
+            {
+                "probe": probe,
+                "s_per_clip": t / clips,
+                "rel_err": rel(z),
+                "rel_err_bf16_stored": rel(z.bfloat16().float()),
+            }
+        ),
+        flush=True,
+    )
 
 
 report("fp32_tf32conv", lambda: enc(vid))

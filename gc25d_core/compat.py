@@ -19,7 +19,9 @@ def patch_torchvision_for_cpu_torch() -> None:
     import torch
 
     if torch.version.cuda is None and "torchvision" not in sys.modules:
-        sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+        sys.modules.setdefault(
+            "torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations")
+        )
 
 
 def import_diffsynth():

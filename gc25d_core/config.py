@@ -137,20 +137,29 @@ class VaeConfig(Strict):
 
     path: Path | None = None
     sha256: str | None = None
-    tiny: bool = Field(default=False, description="small random VAE of the same class (tests, embedded default)")
+    tiny: bool = Field(
+        default=False, description="small random VAE of the same class (tests, embedded default)"
+    )
     clips_per_batch: int = Field(default=1, ge=1, description="clips encoded together (GPU throughput)")
-    num_workers: int = Field(default=2, ge=0, description="DataLoader workers that decode and resample frames")
+    num_workers: int = Field(
+        default=2, ge=0, description="DataLoader workers that decode and resample frames"
+    )
     allow_tf32_matmul: bool = False
     channels_last_3d: bool = Field(
-        default=True, description="NDHWC conv layout on GPU: same numerics, 1.3x faster encode on H200")
+        default=True, description="NDHWC conv layout on GPU: same numerics, 1.3x faster encode on H200"
+    )
     compute_dtype: Literal["fp32", "fp16"] = Field(
-        default="fp32", description="fp32 = SPEC (fp32 weights, TF32 convs); fp16 autocast is an opt-in speed-up")
+        default="fp32",
+        description="fp32 = SPEC (fp32 weights, TF32 convs); fp16 autocast is an opt-in speed-up",
+    )
 
 
 class CacheConfig(Strict):
     """The training cache the trainers read (dataset card): where, and how processed clips are packed."""
 
-    store: str = Field(default="data/gc25d_v10/cache", description="a folder, or hf://datasets/<owner>/<name>")
+    store: str = Field(
+        default="data/gc25d_v10/cache", description="a folder, or hf://datasets/<owner>/<name>"
+    )
     worker: str = "prep"
     samples_per_shard: int = Field(default=60, ge=1)
     include_cond: bool = True

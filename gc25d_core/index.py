@@ -97,7 +97,9 @@ def clip_row(entry: ClipEntry, run: RunDir, split: str, drops: dict[str, str], t
         raise IndexBuildError(f"{where}: field 'end'={entry.end} exceeds the run's {len(frames)} frames")
     clip = frames[entry.start : entry.end]
     first = clip[0]
-    has_ext = extension_valid([f.episode for f in frames], [f.camera_variant for f in frames], entry.start, tl)
+    has_ext = extension_valid(
+        [f.episode for f in frames], [f.camera_variant for f in frames], entry.start, tl
+    )
     if has_ext:
         blocks_needed = entry.start // tl.frames_per_cell + tl.num_blocks + tl.num_ext_cells
         has_ext = len(run.actions_block) >= blocks_needed
@@ -132,7 +134,9 @@ def build_index(raw: RawSource, cfg: Gc25dConfig) -> tuple[list[ClipRow], dict[s
     names = [r.run for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise IndexBuildError(f"{raw.clips_index_path}: run names {dupes} appear under several scenes/subsets")
+        raise IndexBuildError(
+            f"{raw.clips_index_path}: run names {dupes} appear under several scenes/subsets"
+        )
     splits = split_of_runs(names, cfg.index)
     drops: dict[str, str] = {}
     for spec in cfg.index.drop_lists:
@@ -141,14 +145,18 @@ def build_index(raw: RawSource, cfg: Gc25dConfig) -> tuple[list[ClipRow], dict[s
     rows: list[ClipRow] = []
     seen: set[str] = set()
     for entry in raw.clips:
-        row = clip_row(entry, by_key[(entry.subset, entry.scene, entry.run)], splits[entry.run], drops, cfg.timeline)
+        row = clip_row(
+            entry, by_key[(entry.subset, entry.scene, entry.run)], splits[entry.run], drops, cfg.timeline
+        )
         if row.clip_id in seen:
             raise IndexBuildError(f"{raw.clips_index_path}: duplicate clip {row.clip_id}")
         seen.add(row.clip_id)
         rows.append(row)
     unknown = sorted(set(drops) - seen)
     if unknown:
-        raise IndexBuildError(f"drop lists name clips not in the index: {unknown[:10]}{'…' if len(unknown) > 10 else ''}")
+        raise IndexBuildError(
+            f"drop lists name clips not in the index: {unknown[:10]}{'…' if len(unknown) > 10 else ''}"
+        )
     return rows, splits
 
 

@@ -135,6 +135,7 @@ class Shapes:
 
 # --- npz ---------------------------------------------------------------------------------------
 
+
 def write_npz(path: Path, arrays: dict[str, np.ndarray], compressed: bool = True) -> Path:
     """Atomic np.savez(_compressed); the temp file keeps a .npz suffix so numpy does not append one."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
@@ -220,7 +221,9 @@ META_SPEC: dict[str, tuple[Any, tuple[int, ...]]] = {
 the flat pixel index y·W + x at the destination size (−1 when the actor is not in view)."""
 
 
-def validate_meta(path: Path, arrays: dict[str, np.ndarray], shapes: Shapes, has_ext: bool) -> dict[str, np.ndarray]:
+def validate_meta(
+    path: Path, arrays: dict[str, np.ndarray], shapes: Shapes, has_ext: bool
+) -> dict[str, np.ndarray]:
     f = shapes.meta_frames(has_ext)
     _expect_keys(path, arrays, set(META_SPEC))
     for key, (dtype, trailing) in META_SPEC.items():
@@ -247,7 +250,9 @@ def read_cond_ext(path: Path, shapes: Shapes) -> dict[str, np.ndarray]:
     return validate_cond_ext(path, read_npz(path), shapes)
 
 
-def write_meta(layout: Layout, cid: str, arrays: dict[str, np.ndarray], shapes: Shapes, has_ext: bool) -> Path:
+def write_meta(
+    layout: Layout, cid: str, arrays: dict[str, np.ndarray], shapes: Shapes, has_ext: bool
+) -> Path:
     path = layout.meta(cid)
     return write_npz(path, validate_meta(path, arrays, shapes, has_ext))
 
@@ -269,8 +274,11 @@ def validate_latents(path: Path, obj: Any, shapes: Shapes) -> dict[str, Any]:
     _expect(path, obj, "latent", torch.bfloat16, shapes.latent)
     _expect(path, obj, "actions_block", torch.uint8, (shapes.timeline.num_cells, 5))
     prompts = obj["prompts"]
-    if not (isinstance(prompts, list) and len(prompts) == shapes.timeline.num_cells
-            and all(isinstance(p, str) for p in prompts)):
+    if not (
+        isinstance(prompts, list)
+        and len(prompts) == shapes.timeline.num_cells
+        and all(isinstance(p, str) for p in prompts)
+    ):
         raise LayoutError(f"{path}: key 'prompts' must be a list of {shapes.timeline.num_cells} str")
     for key in ("clip_id", "subset", "scene", "run"):
         if not isinstance(obj[key], str):
@@ -309,8 +317,11 @@ def npz_headers(path: Path) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | Non
             for name in zf.namelist():
                 with zf.open(name) as f:
                     major, _minor = np.lib.format.read_magic(f)
-                    read_header = (np.lib.format.read_array_header_1_0 if major == 1
-                                   else np.lib.format.read_array_header_2_0)
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if major == 1
+                        else np.lib.format.read_array_header_2_0
+                    )
                     shape, _, dtype = read_header(f)
                 out[name.removesuffix(".npy")] = (dtype, tuple(shape))
             return out

@@ -26,7 +26,9 @@ def ids_strip_png(ids_THW: np.ndarray, num: int = 5, max_width: int = 1024) -> b
     strip = np.concatenate([colorize_ids(ids_THW[i]) for i in picks], axis=1)
     if strip.shape[1] > max_width:
         scale = max_width / strip.shape[1]
-        strip = cv2.resize(strip, (max_width, max(1, int(strip.shape[0] * scale))), interpolation=cv2.INTER_NEAREST)
+        strip = cv2.resize(
+            strip, (max_width, max(1, int(strip.shape[0] * scale))), interpolation=cv2.INTER_NEAREST
+        )
     ok, buf = cv2.imencode(".png", cv2.cvtColor(strip, cv2.COLOR_RGB2BGR))
     if not ok:
         raise RuntimeError("PNG encoding failed")

@@ -39,7 +39,9 @@ def validate_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[s
         present = set(os.listdir(frame_root)) if frame_root.is_dir() else set()
         missing = [f for f in range(len(frames)) if f"{f:06d}" not in present]
         if missing:
-            raise RawLayoutError(f"{frame_root}: {len(missing)} frame folders missing (first: {missing[0]:06d})")
+            raise RawLayoutError(
+                f"{frame_root}: {len(missing)} frame folders missing (first: {missing[0]:06d})"
+            )
         num_frames += len(frames)
         if i % 50 == 0:
             log(f"validated {i}/{len(runs)} runs")
@@ -56,8 +58,11 @@ def prepare_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[st
     if cfg.raw.kind == "codeworld":
         from gc25d_core.codeworld import generate
 
-        summary = dict(generate(Path(cfg.raw.root), preset=cfg.raw.codeworld_preset, seed=cfg.raw.seed,
-                                geometry=cfg.geometry))
+        summary = dict(
+            generate(
+                Path(cfg.raw.root), preset=cfg.raw.codeworld_preset, seed=cfg.raw.seed, geometry=cfg.geometry
+            )
+        )
         summary["kind"] = "codeworld"
         validated = validate_raw(cfg, log)
         summary.update({k: validated[k] for k in ("num_runs", "num_clips", "num_frames")})

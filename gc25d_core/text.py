@@ -42,8 +42,16 @@ MOVE_KEYS = (
     "walk_backward_left",
     "walk_backward_right",
 )
-RUN_KEYS = {1: "run_forward", 2: "run_backward", 3: "run_left", 4: "run_right",
-            5: "run_forward", 6: "run_forward", 7: "run_backward", 8: "run_backward"}
+RUN_KEYS = {
+    1: "run_forward",
+    2: "run_backward",
+    3: "run_left",
+    4: "run_right",
+    5: "run_forward",
+    6: "run_forward",
+    7: "run_backward",
+    8: "run_backward",
+}
 ATTACK_KEYS = {1: "light_attack", 2: "heavy_attack"}
 STANCE_KEYS = {1: "jump", 2: "guard"}
 FIELD_RANGES = {"move": 8, "run": 1, "attack": 2, "dodge": 1, "stance": 2}
@@ -166,7 +174,11 @@ def validate_table(table: object, cfg: TextConfig, data: TextData | None = None,
         )
     for key in sorted(table):
         t = table[key]
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or tuple(t.shape) != (cfg.max_len, cfg.dim):
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != torch.bfloat16
+            or tuple(t.shape) != (cfg.max_len, cfg.dim)
+        ):
             desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{where}[{key!r}]: expected bf16 [{cfg.max_len},{cfg.dim}], got {desc}")
         nonzero = (t != 0).any(dim=1)
@@ -174,7 +186,9 @@ def validate_table(table: object, cfg: TextConfig, data: TextData | None = None,
         if n == 0:
             raise ValueError(f"{where}[{key!r}]: all rows are zero")
         if not bool(nonzero[:n].all()):
-            raise ValueError(f"{where}[{key!r}]: rows are not zero past the sequence length ({n} non-zero rows)")
+            raise ValueError(
+                f"{where}[{key!r}]: rows are not zero past the sequence length ({n} non-zero rows)"
+            )
     return table
 
 

@@ -96,7 +96,7 @@ _COLLAPSE[list(BOSS_PART_IDS)] = BOSS_CORE
 
 
 def collapse_parts(ids: np.ndarray) -> np.ndarray:
-    """"parts" -> "ids": 12..16 -> 10 and 17..21 -> 11; every other value unchanged (uint8)."""
+    """ "parts" -> "ids": 12..16 -> 10 and 17..21 -> 11; every other value unchanged (uint8)."""
     ids = np.asarray(ids)
     check_ids(ids, "parts", "collapse_parts input")
     return _COLLAPSE[ids.astype(np.intp)]

@@ -46,15 +46,25 @@ class RunSpec:
     num_blocks: int | None = None
 
 
-def write_index_raw(root: Path, runs: list[RunSpec], stride: int = 96, width: int = 200, height: int = 96) -> Path:
+def write_index_raw(
+    root: Path, runs: list[RunSpec], stride: int = 96, width: int = 200, height: int = 96
+) -> Path:
     """Write the index-level part of the raw layout (run.json, frames.jsonl, actions, clips_81.json,
     empty frame folders) — enough for the clips index and raw validation."""
     clips = []
     for spec in runs:
         run_dir = root / spec.subset / spec.scene / spec.run
         run_dir.mkdir(parents=True, exist_ok=True)
-        info = {"subset": spec.subset, "scene": spec.scene, "run": spec.run, "num_frames": spec.num_frames,
-                "fps": 16, "width": width, "height": height, "framed": spec.framed}
+        info = {
+            "subset": spec.subset,
+            "scene": spec.scene,
+            "run": spec.run,
+            "num_frames": spec.num_frames,
+            "fps": 16,
+            "width": width,
+            "height": height,
+            "framed": spec.framed,
+        }
         (run_dir / "run.json").write_text(json.dumps(info))
         episode, camera, look = 0, "cam_a", "look_0"
         rows = []
@@ -62,11 +72,20 @@ def write_index_raw(root: Path, runs: list[RunSpec], stride: int = 96, width: in
             episode = spec.episode_changes.get(f, episode)
             camera = spec.camera_changes.get(f, camera)
             look = spec.look_changes.get(f, look)
-            rows.append(json.dumps({
-                "frame": f, "episode": episode, "camera_variant": camera, "look_name": look,
-                "orthographic": f in spec.ortho_frames, "centered": not spec.framed,
-                "dead": f in spec.dead_frames, "event": "hit" if f in spec.event_frames else None,
-            }))
+            rows.append(
+                json.dumps(
+                    {
+                        "frame": f,
+                        "episode": episode,
+                        "camera_variant": camera,
+                        "look_name": look,
+                        "orthographic": f in spec.ortho_frames,
+                        "centered": not spec.framed,
+                        "dead": f in spec.dead_frames,
+                        "event": "hit" if f in spec.event_frames else None,
+                    }
+                )
+            )
         (run_dir / "frames.jsonl").write_text("\n".join(rows) + "\n")
         n_blocks = spec.num_blocks if spec.num_blocks is not None else (spec.num_frames + 3) // 4
         rng = np.random.default_rng(len(spec.run))
@@ -76,8 +95,15 @@ def write_index_raw(root: Path, runs: list[RunSpec], stride: int = 96, width: in
         for f in range(spec.num_frames):
             (run_dir / "frames" / f"{f:06d}").mkdir(parents=True, exist_ok=True)
         for start in range(0, spec.num_frames - 81 + 1, stride):
-            clips.append({"subset": spec.subset, "scene": spec.scene, "run": spec.run, "start": start,
-                          "end": start + 81})
+            clips.append(
+                {
+                    "subset": spec.subset,
+                    "scene": spec.scene,
+                    "run": spec.run,
+                    "start": start,
+                    "end": start + 81,
+                }
+            )
     (root / "index").mkdir(parents=True, exist_ok=True)
     (root / "index" / "clips_81.json").write_text(json.dumps({"clips": clips}))
     return root

@@ -24,15 +24,43 @@ def _write_clips(cfg, runs: dict[str, str], starts=(0, 96)) -> None:
     for run, split in runs.items():
         for s in starts:
             cid = clip_id("arena", run, s)
-            rows.append(ClipRow(clip_id=cid, subset="v10_real", scene="arena", run=run, start=s, end=s + 81,
-                                split=split, drop=False, drop_reason="", episode=0, camera_variant="a",
-                                look_name="l", centered=True, n_events=0, dead_frac=0.0, has_ext=False,
-                                ortho=False, ext_look_change=False))
+            rows.append(
+                ClipRow(
+                    clip_id=cid,
+                    subset="v10_real",
+                    scene="arena",
+                    run=run,
+                    start=s,
+                    end=s + 81,
+                    split=split,
+                    drop=False,
+                    drop_reason="",
+                    episode=0,
+                    camera_variant="a",
+                    look_name="l",
+                    centered=True,
+                    n_events=0,
+                    dead_frac=0.0,
+                    has_ext=False,
+                    ortho=False,
+                    ext_look_change=False,
+                )
+            )
             g = torch.Generator().manual_seed(s + len(run))
-            write_latents(layout, {
-                "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16), "prompts": ["p"] * 21,
-                "actions_block": torch.zeros(21, 5, dtype=torch.uint8), "clip_id": cid, "subset": "v10_real",
-                "scene": "arena", "run": run, "start": s}, shapes)
+            write_latents(
+                layout,
+                {
+                    "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16),
+                    "prompts": ["p"] * 21,
+                    "actions_block": torch.zeros(21, 5, dtype=torch.uint8),
+                    "clip_id": cid,
+                    "subset": "v10_real",
+                    "scene": "arena",
+                    "run": run,
+                    "start": s,
+                },
+                shapes,
+            )
             write_cond(layout, cid, np.full(shapes.cond, 1, np.uint8), shapes)
     write_index(layout, rows, runs)
 
@@ -44,8 +72,11 @@ def _tick(instance, project, cursor):
 
 @pytest.fixture
 def project(tmp_path):
-    p = Gc25dProject(preset="tiny", overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],
-                     store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")))
+    p = Gc25dProject(
+        preset="tiny",
+        overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],
+        store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")),
+    )
     _write_clips(p.config(), {"R10_s1512": "val", "R10_s2024": "train"})
     return p
 
@@ -62,8 +93,11 @@ def test_training_cache_publishes_then_is_idempotent(project):
     assert manifest.schema_name == "gc25d_training_cache_v1"
     split_of = {e.id: e.split for sh in manifest.shards for e in sh.samples}
     assert split_of == {  # the SPEC's run-level split
-        "arena__R10_s1512__000000": "val", "arena__R10_s1512__000096": "val",
-        "arena__R10_s2024__000000": "train", "arena__R10_s2024__000096": "train"}
+        "arena__R10_s1512__000000": "val",
+        "arena__R10_s1512__000096": "val",
+        "arena__R10_s2024__000000": "train",
+        "arena__R10_s2024__000096": "train",
+    }
 
 
 def test_sensor_adds_one_partition_and_run_per_new_snapshot(project, tmp_path):
@@ -87,8 +121,9 @@ def test_snapshot_partition_is_verified_and_corruption_fails(project, tmp_path):
     training_cache(dg.build_asset_context(), project=project)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
-        result = dg.materialize([cache_snapshot], partition_key="v000001", instance=instance,
-                                resources={"project": project})
+        result = dg.materialize(
+            [cache_snapshot], partition_key="v000001", instance=instance, resources={"project": project}
+        )
         assert result.success
         md = result.asset_materializations_for_node("cache_snapshot")[0].metadata
         assert md["num_shards"].value == 2 and md["verified_samples"].value == 4
@@ -99,8 +134,13 @@ def test_snapshot_partition_is_verified_and_corruption_fails(project, tmp_path):
         data[len(data) // 2] ^= 0xFF  # one flipped byte in a listed shard
         tars[0].chmod(0o644)
         tars[0].write_bytes(bytes(data))
-        bad = dg.materialize([cache_snapshot], partition_key="v000001", instance=instance,
-                             resources={"project": project}, raise_on_error=False)
+        bad = dg.materialize(
+            [cache_snapshot],
+            partition_key="v000001",
+            instance=instance,
+            resources={"project": project},
+            raise_on_error=False,
+        )
         assert not bad.success
         failure = [e for e in bad.all_events if e.event_type_value == "STEP_FAILURE"][0]
         assert "v000001 failed verification" in failure.event_specific_data.error.message
@@ -111,5 +151,7 @@ def test_sensor_records_the_manifest_observation(project):
     with dg.instance_for_test() as instance:
         result = _tick(instance, project, None)
         obs = result.asset_events[0]
-        assert obs.asset_key == dg.AssetKey("dataset_manifest") and obs.tags["dagster/data_version"] == "v000001"
+        assert (
+            obs.asset_key == dg.AssetKey("dataset_manifest") and obs.tags["dagster/data_version"] == "v000001"
+        )
         assert json.loads(json.dumps(obs.metadata["snapshot"].value)) == "v000001"

@@ -15,10 +15,23 @@ from gc25d_core.config import (
 def test_v10_defaults_are_the_spec_numbers():
     cfg = load_config("v10")
     g, t = cfg.geometry, cfg.timeline
-    assert (g.src_width, g.src_height, g.crop_x0, g.crop_x1, g.dst_width, g.dst_height) == (1280, 704, 30, 1250, 832, 480)
+    assert (g.src_width, g.src_height, g.crop_x0, g.crop_x1, g.dst_width, g.dst_height) == (
+        1280,
+        704,
+        30,
+        1250,
+        832,
+        480,
+    )
     assert g.latent_hw == (30, 52)
     assert (t.num_frames, t.num_cells, t.num_blocks, t.clip_stride, t.num_ext_cells, t.num_ext_frames) == (
-        81, 21, 20, 96, 7, 28)
+        81,
+        21,
+        20,
+        96,
+        7,
+        28,
+    )
     assert cfg.vocab == "parts"
     assert (cfg.text.max_len, cfg.text.dim) == (512, 4096)
     assert cfg.distributed.nproc_per_node == 8

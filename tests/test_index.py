@@ -16,24 +16,65 @@ def _cfg(tmp_path, **index):
 
 def test_v10_val_runs_are_the_spec_ten():
     assert V10_VAL_RUNS == (
-        "R10_s1512", "R10_s3512", "R10_s5512", "R10_s7511", "R10_s9511",
-        "P9_golden_s2909", "P9_autumn_s4908", "P9C_golden_s6946", "P9C_default_s8946", "P9C_snow_s10945")
+        "R10_s1512",
+        "R10_s3512",
+        "R10_s5512",
+        "R10_s7511",
+        "R10_s9511",
+        "P9_golden_s2909",
+        "P9_autumn_s4908",
+        "P9C_golden_s6946",
+        "P9C_default_s8946",
+        "P9C_snow_s10945",
+    )
     assert load_config("v10").index.val_runs == V10_VAL_RUNS
 
 
 def test_rows_have_every_spec_column(tmp_path):
-    raw = write_index_raw(tmp_path / "raw", [
-        RunSpec("R10_s1512", num_frames=300, look_changes={96 + 81: "look_1"}, dead_frames={5, 6},
-                event_frames={10, 20, 30}),
-        RunSpec("R10_s2000", num_frames=200, episode_changes={150: 1}),
-        RunSpec("P9_golden_s2909", subset="v9_stylized", scene="forest", num_frames=200, framed=True,
-                camera_changes={100: "cam_b"}, ortho_frames={3}),
-    ])
+    raw = write_index_raw(
+        tmp_path / "raw",
+        [
+            RunSpec(
+                "R10_s1512",
+                num_frames=300,
+                look_changes={96 + 81: "look_1"},
+                dead_frames={5, 6},
+                event_frames={10, 20, 30},
+            ),
+            RunSpec("R10_s2000", num_frames=200, episode_changes={150: 1}),
+            RunSpec(
+                "P9_golden_s2909",
+                subset="v9_stylized",
+                scene="forest",
+                num_frames=200,
+                framed=True,
+                camera_changes={100: "cam_b"},
+                ortho_frames={3},
+            ),
+        ],
+    )
     cfg = _cfg(tmp_path, val_runs=["R10_s1512", "P9_golden_s2909"])
     summary = build_and_write(raw, cfg)
     rows = {r.clip_id: r for r in read_index(Layout(cfg.paths.data_root))}
-    spec_cols = {"clip_id", "subset", "scene", "run", "start", "end", "split", "drop", "drop_reason", "episode",
-                 "camera_variant", "look_name", "centered", "n_events", "dead_frac", "has_ext", "ortho"}
+    spec_cols = {
+        "clip_id",
+        "subset",
+        "scene",
+        "run",
+        "start",
+        "end",
+        "split",
+        "drop",
+        "drop_reason",
+        "episode",
+        "camera_variant",
+        "look_name",
+        "centered",
+        "n_events",
+        "dead_frac",
+        "has_ext",
+        "ortho",
+    }
     line = (cfg.paths.data_root / "index" / "clips.jsonl").read_text().splitlines()[0]
     assert spec_cols <= set(json.loads(line))
     assert summary["num_clips"] == 3 + 2 + 2
@@ -62,7 +103,9 @@ def test_missing_val_runs_are_an_error_unless_allowed(tmp_path):
     raw = write_index_raw(tmp_path / "raw", [RunSpec("R10_s2000", num_frames=90)])
     with pytest.raises(IndexBuildError, match="R10_s1512"):
         build_index(RawSource(raw), _cfg(tmp_path, val_runs=["R10_s1512"]))
-    rows, splits = build_index(RawSource(raw), _cfg(tmp_path, val_runs=["R10_s1512"], allow_missing_val_runs=True))
+    rows, splits = build_index(
+        RawSource(raw), _cfg(tmp_path, val_runs=["R10_s1512"], allow_missing_val_runs=True)
+    )
     assert splits == {"R10_s2000": "train"}
 
 
@@ -94,12 +137,18 @@ def test_malformed_raw_files_name_path_and_field(tmp_path):
         build_index(RawSource(raw), _cfg(tmp_path, val_runs=["R10_s1512"]))
     assert f"{frames}:4" in str(e.value) and "camera_variant" in str(e.value)
     clips = raw / "index" / "clips_81.json"
-    clips.write_text(json.dumps({"clips": [{"subset": "v10_real", "scene": "arena", "run": "R10_s1512",
-                                            "start": 48, "end": 129}]}))
+    clips.write_text(
+        json.dumps(
+            {"clips": [{"subset": "v10_real", "scene": "arena", "run": "R10_s1512", "start": 48, "end": 129}]}
+        )
+    )
     frames.write_text("\n".join(json.dumps({**json.loads(line), "camera_variant": "a"}) for line in lines))
     with pytest.raises(IndexBuildError, match="field 'start'"):
         build_index(RawSource(raw), _cfg(tmp_path, val_runs=["R10_s1512"]))
-    clips.write_text(json.dumps({"clips": [{"subset": "v10_real", "scene": "..", "run": "R10_s1512",
-                                            "start": 0, "end": 81}]}))
+    clips.write_text(
+        json.dumps(
+            {"clips": [{"subset": "v10_real", "scene": "..", "run": "R10_s1512", "start": 0, "end": 81}]}
+        )
+    )
     with pytest.raises(RawLayoutError, match="clips.0.scene"):
         build_index(RawSource(raw), _cfg(tmp_path, val_runs=["R10_s1512"]))

@@ -21,8 +21,10 @@ from gc25d_core.layout import (
 )
 
 V10 = Shapes(GeometryConfig(), TimelineConfig())
-TINY = Shapes(GeometryConfig(src_width=200, src_height=96, crop_x0=6, crop_x1=194, dst_width=128, dst_height=64),
-              TimelineConfig())
+TINY = Shapes(
+    GeometryConfig(src_width=200, src_height=96, crop_x0=6, crop_x1=194, dst_width=128, dst_height=64),
+    TimelineConfig(),
+)
 
 
 def test_clip_id_is_zero_padded_and_parsed():
@@ -75,7 +77,11 @@ def test_cond_round_trip_and_validation(tmp_path):
 
 def test_cond_ext_keys(tmp_path):
     path = tmp_path / "cond_ext" / "s__r__000000.npz"
-    arrays = {"ids": np.zeros(TINY.cond_ext, np.uint8), "blocks": np.zeros((7, 5), np.uint8), "prompts": ["p"] * 7}
+    arrays = {
+        "ids": np.zeros(TINY.cond_ext, np.uint8),
+        "blocks": np.zeros((7, 5), np.uint8),
+        "prompts": ["p"] * 7,
+    }
     write_cond_ext(path, arrays, TINY)
     got = read_cond_ext(path, TINY)
     assert got["prompts"].tolist() == ["p"] * 7 and got["blocks"].shape == (7, 5)
@@ -96,8 +102,21 @@ def _meta(f: int) -> dict[str, np.ndarray]:
 def test_meta_exact_keys_dtypes(tmp_path):
     lay = Layout(tmp_path)
     assert set(META_SPEC) == {
-        "world_to_clip", "world_to_view", "projection", "orthographic", "fov_x_deg", "ortho_width_cm",
-        "frame_offset_cm", "capsules", "actor_pos", "ground_z", "player_state", "boss_state", "player_px", "boss_px"}
+        "world_to_clip",
+        "world_to_view",
+        "projection",
+        "orthographic",
+        "fov_x_deg",
+        "ortho_width_cm",
+        "frame_offset_cm",
+        "capsules",
+        "actor_pos",
+        "ground_z",
+        "player_state",
+        "boss_state",
+        "player_px",
+        "boss_px",
+    }
     assert META_SPEC["capsules"] == (np.float32, (2, 12, 7))
     write_meta(lay, "s__r__000000", _meta(109), TINY, has_ext=True)
     got = read_meta(lay, "s__r__000000", TINY, has_ext=True)
@@ -119,7 +138,11 @@ def _latent_record(cid="s__r__000096"):
         "latent": torch.zeros(TINY.latent, dtype=torch.bfloat16),
         "prompts": ["p"] * 21,
         "actions_block": torch.zeros(21, 5, dtype=torch.uint8),
-        "clip_id": cid, "subset": "v10_real", "scene": "s", "run": "r", "start": 96,
+        "clip_id": cid,
+        "subset": "v10_real",
+        "scene": "s",
+        "run": "r",
+        "start": 96,
     }
 
 

@@ -18,7 +18,12 @@ def test_definitions_load_and_graph():
     assert {"raw_source", "clips_index", "text_table", "cluster_check"} <= keys
     assert dg.AssetKey("raw_source") in graph.get(dg.AssetKey("clips_index")).parent_keys
     job = defs.resolve_job_def("full_chain")
-    assert {n.name for n in job.graph.node_defs} >= {"raw_source", "clips_index", "text_table", "cluster_check"}
+    assert {n.name for n in job.graph.node_defs} >= {
+        "raw_source",
+        "clips_index",
+        "text_table",
+        "cluster_check",
+    }
     assert graph.get(dg.AssetKey("cluster_check")).assets_def.op.pool == "gpu"
 
 
@@ -27,7 +32,11 @@ def test_dagster_cli_validates_the_workspace(tmp_path):
     (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "All code locations passed validation" in proc.stdout + proc.stderr
@@ -49,5 +58,7 @@ def test_core_library_imports_no_dagster():
     for path in (ROOT / "gc25d_core").rglob("*.py"):
         for line in path.read_text().splitlines():
             stripped = line.strip()
-            assert not (stripped.startswith("import dagster") and not stripped.startswith("import dagster_pipes")), path
+            assert not (
+                stripped.startswith("import dagster") and not stripped.startswith("import dagster_pipes")
+            ), path
             assert not (stripped.startswith("from dagster ") or stripped.startswith("from dagster.")), path

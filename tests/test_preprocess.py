@@ -26,20 +26,33 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg(tmp_path, raw_root):
-    return load_config("tiny", {"paths": {"data_root": str(tmp_path / "data"), "runs_root": str(tmp_path / "runs")},
-                                "raw": {"root": str(raw_root)}})
+    return load_config(
+        "tiny",
+        {
+            "paths": {"data_root": str(tmp_path / "data"), "runs_root": str(tmp_path / "runs")},
+            "raw": {"root": str(raw_root)},
+        },
+    )
 
 
 def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_raw):
-    project = Gc25dProject(preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"),
-                                                              runs_root=str(tmp_path / "runs")),
-                           raw=RawDataset(root=str(tiny_raw.root)))
+    project = Gc25dProject(
+        preset="tiny",
+        store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")),
+        raw=RawDataset(root=str(tiny_raw.root)),
+    )
     with dg.instance_for_test() as instance:
-        result = dg.materialize([raw_source, clips_index, cond, clip_meta, cond_ext], instance=instance,
-                                resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)})
+        result = dg.materialize(
+            [raw_source, clips_index, cond, clip_meta, cond_ext],
+            instance=instance,
+            resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)},
+        )
         assert result.success
-        mats = {e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
-                for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"}
+        mats = {
+            e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
+            for e in result.all_events
+            if e.event_type_value == "ASSET_MATERIALIZATION"
+        }
     cfg = project.config()
     layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
     rows = read_index(layout)
@@ -74,7 +87,8 @@ def _content_hashes(folder: Path) -> dict[str, str]:
 def _run_cond_job(cfg, run_dir: Path, fault: str | None = None) -> subprocess.CompletedProcess:
     config_path = write_resolved(cfg, run_dir)
     cmd = TorchrunLauncher(nproc_per_node=2, python=sys.executable).command(
-        "gc25d_core.jobs.cond", ["--config", str(config_path), "--run-dir", str(run_dir)], run_dir / "logs")
+        "gc25d_core.jobs.cond", ["--config", str(config_path), "--run-dir", str(run_dir)], run_dir / "logs"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("GC25D_FAULT", None)
     if fault:
@@ -99,8 +113,9 @@ def test_killed_cond_job_resumes_with_identical_outputs(tmp_path, tiny_raw):
     cond_dir = killed.paths.data_root / "cond"
     before = {p.name: p.stat().st_mtime_ns for p in cond_dir.glob("*.npz")}
     assert 2 <= len(before) < num_clips
-    assert not list(cond_dir.glob(".tmp-*")) or all(p.name.startswith(".tmp-") for p in cond_dir.iterdir()
-                                                     if not p.name.endswith(".npz"))
+    assert not list(cond_dir.glob(".tmp-*")) or all(
+        p.name.startswith(".tmp-") for p in cond_dir.iterdir() if not p.name.endswith(".npz")
+    )
     proc = _run_cond_job(killed, tmp_path / "killed" / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = _summary(proc)

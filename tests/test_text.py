@@ -88,7 +88,9 @@ def test_materialize_table_copies_a_configured_table_after_hash_check(tiny_cfg, 
     import hashlib
 
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
-    cfg = tiny_cfg.model_copy(update={"text": tiny_cfg.text.model_copy(update={"table_path": src, "table_sha256": digest})})
+    cfg = tiny_cfg.model_copy(
+        update={"text": tiny_cfg.text.model_copy(update={"table_path": src, "table_sha256": digest})}
+    )
     out = materialize_table(cfg)
     assert out["source"] == str(src) and out["sha256"] == digest  # byte-identical copy
     wrong = cfg.model_copy(update={"text": cfg.text.model_copy(update={"table_sha256": "0" * 64})})

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 def _materialize(tmp_path, instance, fault: str | None = None, steps: int = 5):
     env = {"GC25D_FAULT": fault} if fault else {}
-    project = Gc25dProject(preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"),
-                                                              runs_root=str(tmp_path / "runs")))
+    project = Gc25dProject(
+        preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs"))
+    )
     return dg.materialize(
         [cluster_check],
         resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2, extra_env=env)},
@@ -103,16 +104,27 @@ def test_terminating_the_run_leaves_no_orphans(tmp_path):
         "GC25D_PRESET": "tiny",
         "GC25D_OVERRIDES": f"paths.runs_root={runs_root};paths.data_root={tmp_path / 'data'}",
     }
-    cmd = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "gc25d_pipeline.definitions",
-           "--select", "cluster_check", "--config-json",
-           '{"ops": {"cluster_check": {"config": {"steps": 100000, "step_seconds": 0.05}}}}']
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [
+        str(Path(sys.executable).parent / "dagster"),
+        "asset",
+        "materialize",
+        "-m",
+        "gc25d_pipeline.definitions",
+        "--select",
+        "cluster_check",
+        "--config-json",
+        '{"ops": {"cluster_check": {"config": {"steps": 100000, "step_seconds": 0.05}}}}',
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     marker = str(runs_root)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            ranks = [p for p in _job_processes(marker) if "gc25d_core.jobs.cluster_check" in " ".join(p.cmdline())]
+            ranks = [
+                p for p in _job_processes(marker) if "gc25d_core.jobs.cluster_check" in " ".join(p.cmdline())
+            ]
             # torchrun itself + 2 ranks, and a first checkpoint proves the ranks are working
             if len(ranks) >= 3 and list(runs_root.rglob("step-*")):
                 break
@@ -122,7 +134,9 @@ def test_terminating_the_run_leaves_no_orphans(tmp_path):
         pids = [p.pid for p in _job_processes(marker)]
         os.kill(proc.pid, signal.SIGINT)  # only the run worker: Dagster must stop the ranks itself
         proc.wait(timeout=90)
-        gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)], timeout=30)
+        gone, alive = psutil.wait_procs(
+            [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)], timeout=30
+        )
         assert not alive, f"orphans left: {[p.cmdline() for p in alive]}"
         assert _job_processes(marker) == []
     finally:

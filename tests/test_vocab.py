@@ -5,14 +5,43 @@ from gc25d_core import vocab as V
 
 
 def test_raw_ids():
-    assert V.STATIC_IDS == {0: "sky", 1: "terrain", 2: "paving", 3: "architecture", 4: "rock", 5: "vegetation", 6: "prop"}
+    assert V.STATIC_IDS == {
+        0: "sky",
+        1: "terrain",
+        2: "paving",
+        3: "architecture",
+        4: "rock",
+        5: "vegetation",
+        6: "prop",
+    }
     assert V.PLAYER_PART_IDS == (10, 12, 13, 14, 15, 16)
     assert V.BOSS_PART_IDS == (11, 17, 18, 19, 20, 21)
     assert V.UNKNOWN == 255
 
 
 def test_vocabularies():
-    assert V.valid_raw_ids("parts") == (0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 255)
+    assert V.valid_raw_ids("parts") == (
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        10,
+        11,
+        12,
+        13,
+        14,
+        15,
+        16,
+        17,
+        18,
+        19,
+        20,
+        21,
+        255,
+    )
     assert V.valid_raw_ids("ids") == (0, 1, 2, 3, 4, 5, 6, 10, 11, 255)
     assert V.num_classes("parts") == 20 and V.num_classes("ids") == 10
     assert 64 * V.num_classes("parts") == 1280  # sem-cond input width (DESIGN §4.2)

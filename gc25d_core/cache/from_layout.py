@@ -68,13 +68,21 @@ def pack_and_publish(cfg: Gc25dConfig, reporter: Any = None) -> dict[str, Any]:
             for row in chunk:
                 yield clip_sample(layout, shapes, row, cfg.cache.include_cond)
 
-        pack_shard(store, worker=cfg.cache.worker, name=name, samples=samples(), schema=SCHEMA_GC25D,
-                   group_of=lambda _sid, meta: str(meta["run"]))
+        pack_shard(
+            store,
+            worker=cfg.cache.worker,
+            name=name,
+            samples=samples(),
+            schema=SCHEMA_GC25D,
+            group_of=lambda _sid, meta: str(meta["run"]),
+        )
         packed += 1
         if reporter is not None:
             reporter.log(f"packed shard {name} ({len(chunk)} clips)")
     result = publish_snapshot(
-        store, split_rule=SplitRule(method="explicit", val_groups=tuple(cfg.index.val_runs)), reporter=reporter
+        store,
+        split_rule=SplitRule(method="explicit", val_groups=tuple(cfg.index.val_runs)),
+        reporter=reporter,
     )
     return {
         "store": store.describe(),

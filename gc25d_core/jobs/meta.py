@@ -1,6 +1,6 @@
 """SPEC §5 meta/<clip_id>.npz for every clip (sharded by rank, resumable).
 
-    torchrun --nproc_per_node=N -m gc25d_core.jobs.meta --config run.yaml --run-dir DIR
+torchrun --nproc_per_node=N -m gc25d_core.jobs.meta --config run.yaml --run-dir DIR
 """
 
 from gc25d_core.jobs.preprocess import main_for

@@ -19,7 +19,9 @@ RowFilter = Callable[[ClipRow], bool]
 
 def main_for(factory: TaskFactory, row_filter: RowFilter | None = None) -> None:
     def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-        rows = [r for r in read_index(Layout(Path(cfg.paths.data_root))) if row_filter is None or row_filter(r)]
+        rows = [
+            r for r in read_index(Layout(Path(cfg.paths.data_root))) if row_filter is None or row_filter(r)
+        ]
         if args.limit:
             rows = sorted(rows, key=lambda r: r.clip_id)[: args.limit]
         task = factory(cfg)

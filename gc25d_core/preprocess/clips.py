@@ -1,8 +1,8 @@
 """Per-clip builders of SPEC §5: cond, cond_ext and meta, from one raw run.
 
-    cond      ids uint8 [81,H,W]: resample_ids(ids.png) → label_parts(...) ⊆ valid_raw_ids("parts")
-    cond_ext  ids uint8 [28,H,W] for frames s+81..s+108, blocks uint8 [7,5], prompts [7]
-    meta      per-frame cameras, capsules and actor state, F = 81 (+28 when has_ext)
+cond      ids uint8 [81,H,W]: resample_ids(ids.png) → label_parts(...) ⊆ valid_raw_ids("parts")
+cond_ext  ids uint8 [28,H,W] for frames s+81..s+108, blocks uint8 [7,5], prompts [7]
+meta      per-frame cameras, capsules and actor state, F = 81 (+28 when has_ext)
 """
 
 from __future__ import annotations
@@ -84,6 +84,10 @@ def build_meta(run: RunDir, start: int, has_ext: bool, cfg: Gc25dConfig) -> dict
         "ground_z": np.array([ground_z(c[PLAYER]) for c in caps], np.float32),
         "player_state": np.array([fj.player_state for fj in fjs], dtype=str),
         "boss_state": np.array([fj.boss_state for fj in fjs], dtype=str),
-        "player_px": np.array([actor_pixel(fj.actor_pos["player"], fj.world_to_clip, cfg) for fj in fjs], np.int32),
-        "boss_px": np.array([actor_pixel(fj.actor_pos["boss"], fj.world_to_clip, cfg) for fj in fjs], np.int32),
+        "player_px": np.array(
+            [actor_pixel(fj.actor_pos["player"], fj.world_to_clip, cfg) for fj in fjs], np.int32
+        ),
+        "boss_px": np.array(
+            [actor_pixel(fj.actor_pos["boss"], fj.world_to_clip, cfg) for fj in fjs], np.int32
+        ),
     }

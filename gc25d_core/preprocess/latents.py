@@ -115,7 +115,9 @@ def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc2
         return vae.encode(video, device=device, tiled=False).float()
 
 
-def run_latents(cfg: Gc25dConfig, rows: list[ClipRow], device: torch.device, on_clip, on_error) -> dict[str, float]:
+def run_latents(
+    cfg: Gc25dConfig, rows: list[ClipRow], device: torch.device, on_clip, on_error
+) -> dict[str, float]:
     """Encode ``rows`` (already this rank's pending clips). ``on_clip(row, nbytes)`` / ``on_error(row, msg)``."""
     from gc25d_core.preprocess.tasks import RunCache
 
@@ -125,8 +127,12 @@ def run_latents(cfg: Gc25dConfig, rows: list[ClipRow], device: torch.device, on_
     layout, shapes, runs = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg), RunCache(Path(cfg.raw.root))
     vae = build_vae_for(cfg, device)
     loader = torch.utils.data.DataLoader(
-        ClipFrames(rows, cfg), batch_size=cfg.vae.clips_per_batch, num_workers=cfg.vae.num_workers,
-        collate_fn=_collate, pin_memory=device.type == "cuda", prefetch_factor=2 if cfg.vae.num_workers else None,
+        ClipFrames(rows, cfg),
+        batch_size=cfg.vae.clips_per_batch,
+        num_workers=cfg.vae.num_workers,
+        collate_fn=_collate,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=2 if cfg.vae.num_workers else None,
     )
     t_encode = 0.0
     for batch in loader:

@@ -150,8 +150,13 @@ def summarize(task: ClipTask, results: list[ShardResult], num_rows: int) -> dict
     }
 
 
-def run_task(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: Path,
-             extra_metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_task(
+    task: ClipTask,
+    rows: Sequence[ClipRow],
+    rep: Reporter,
+    run_dir: Path,
+    extra_metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run this rank's shard, gather, report once from rank 0, fail if any clip failed."""
     result = run_shard(task, rows, rep, run_dir)
     summary = summarize(task, gather_results(result), len(rows))

@@ -40,11 +40,17 @@ def clip_job_asset(
         retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL),
     )
     def _asset(
-        context: dg.AssetExecutionContext, config: ClipJobConfig, project: Gc25dProject, torchrun: TorchrunLauncher
+        context: dg.AssetExecutionContext,
+        config: ClipJobConfig,
+        project: Gc25dProject,
+        torchrun: TorchrunLauncher,
     ) -> dg.MaterializeResult:
         cfg = project.config()
-        launcher = torchrun.model_copy(update={"nproc_per_node": config.nproc_per_node}) if config.nproc_per_node \
+        launcher = (
+            torchrun.model_copy(update={"nproc_per_node": config.nproc_per_node})
+            if config.nproc_per_node
             else torchrun
+        )
         args = ["--limit", str(config.limit)] if config.limit else []
         result = launcher.launch(context, module, cfg, project.run_dir(cfg, name, context), args)
         mat = result.get_materialize_result()

@@ -38,13 +38,19 @@ class Gc25dProject(dg.ConfigurableResource):
 
     def config(self) -> Gc25dConfig:
         tree: dict[str, Any] = parse_overrides(self.overrides)
-        paths = {k: v for k, v in (("data_root", self.store.data_root), ("runs_root", self.store.runs_root)) if v}
+        paths = {
+            k: v for k, v in (("data_root", self.store.data_root), ("runs_root", self.store.runs_root)) if v
+        }
         raw = {k: v for k, v in (("kind", self.raw.kind), ("root", self.raw.root)) if v}
         tree = deep_merge(tree, {"paths": paths, "raw": raw})
         return load_config(self.preset, tree)
 
     def run_dir(
-        self, cfg: Gc25dConfig, stage: str, context: dg.AssetExecutionContext | None = None, per_run: bool = False
+        self,
+        cfg: Gc25dConfig,
+        stage: str,
+        context: dg.AssetExecutionContext | None = None,
+        per_run: bool = False,
     ) -> Path:
         """Deterministic per (stage, partition): retries and relaunches resume from the same folder.
 

@@ -25,8 +25,15 @@ from pydantic import Field
 from gc25d_core.config import Gc25dConfig, write_resolved
 
 # Secondary failures: a rank that lost its peer reports this, not the root cause.
-_PEER_LOSS_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
-                      "ProcessGroupNCCL", "Broken pipe", "SIGTERM", "SIGINT")
+_PEER_LOSS_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL",
+    "Broken pipe",
+    "SIGTERM",
+    "SIGINT",
+)
 
 
 @dataclass(frozen=True)
@@ -69,9 +76,13 @@ class TorchrunLauncher(dg.ConfigurableResource):
     nproc_per_node: int = Field(default=1, description="ranks per node (GPUs per node in production)")
     nnodes: int = Field(default=1)
     node_rank: int = Field(default=0, description="must be 0 here: global rank 0 reports through Pipes")
-    rdzv_endpoint: str | None = Field(default=None, description="host:port for multi-node; None = --standalone")
+    rdzv_endpoint: str | None = Field(
+        default=None, description="host:port for multi-node; None = --standalone"
+    )
     rdzv_backend: str = "c10d"
-    max_restarts: int = Field(default=0, description="torchrun-internal restarts (Dagster retries are preferred)")
+    max_restarts: int = Field(
+        default=0, description="torchrun-internal restarts (Dagster retries are preferred)"
+    )
     python: str = Field(default=sys.executable, description="interpreter that runs torch.distributed.run")
     extra_env: dict[str, str] = Field(default_factory=dict)
     termination_timeout_s: float = 20.0
@@ -83,10 +94,20 @@ class TorchrunLauncher(dg.ConfigurableResource):
         else:
             if not self.rdzv_endpoint:
                 raise dg.DagsterInvalidConfigError("multi-node torchrun needs rdzv_endpoint", [], None)
-            cmd += [f"--rdzv-backend={self.rdzv_backend}", f"--rdzv-endpoint={self.rdzv_endpoint}",
-                    f"--node-rank={self.node_rank}"]
-        cmd += [f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
-                f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}", "-m", module, *args]
+            cmd += [
+                f"--rdzv-backend={self.rdzv_backend}",
+                f"--rdzv-endpoint={self.rdzv_endpoint}",
+                f"--node-rank={self.node_rank}",
+            ]
+        cmd += [
+            f"--nnodes={self.nnodes}",
+            f"--nproc-per-node={self.nproc_per_node}",
+            f"--max-restarts={self.max_restarts}",
+            f"--log-dir={log_dir}",
+            "-m",
+            module,
+            *args,
+        ]
         return cmd
 
     def child_env(self, retry_number: int) -> dict[str, str]:
@@ -94,7 +115,9 @@ class TorchrunLauncher(dg.ConfigurableResource):
             "PYTHONUNBUFFERED": "1",
             "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off (device README)
             "GC25D_RETRY_NUMBER": str(retry_number),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", "")) if p
+            ),
         }
         env.update(self.extra_env)
         return env
@@ -110,13 +133,16 @@ class TorchrunLauncher(dg.ConfigurableResource):
     ) -> dg.PipesClientCompletedInvocation:
         """Write the resolved config into ``run_dir`` and run the job; fail with the rank's error."""
         if self.node_rank != 0:
-            raise dg.Failure("TorchrunLauncher must run on node_rank 0 (the Pipes reader is local to this step)")
+            raise dg.Failure(
+                "TorchrunLauncher must run on node_rank 0 (the Pipes reader is local to this step)"
+            )
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = write_resolved(cfg, run_dir)
         retry = context.retry_number
         log_dir = run_dir / "torchrun_logs" / f"attempt-{retry:02d}"
-        command = self.command(module, ["--config", str(config_path), "--run-dir", str(run_dir), *(args or [])],
-                               log_dir)
+        command = self.command(
+            module, ["--config", str(config_path), "--run-dir", str(run_dir), *(args or [])], log_dir
+        )
         context.log.info(f"launching {self.nnodes}x{self.nproc_per_node} ranks: {' '.join(command)}")
         client = dg.PipesSubprocessClient(
             env={**os.environ, **self.child_env(retry)},
@@ -124,7 +150,9 @@ class TorchrunLauncher(dg.ConfigurableResource):
             termination_timeout_seconds=self.termination_timeout_s,
         )
         try:
-            return client.run(context=context, command=command, extras={"run_dir": str(run_dir), **(extras or {})})
+            return client.run(
+                context=context, command=command, extras={"run_dir": str(run_dir), **(extras or {})}
+            )
         except DagsterPipesExecutionError as e:
             raise self._failure(context, module, log_dir, e) from None
 

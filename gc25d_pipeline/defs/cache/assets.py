@@ -17,7 +17,7 @@ dataset_manifest = dg.AssetSpec(
 
 
 def snapshot_version(key: str) -> int:
-    """"v000123" → 123 (partition keys come from the sensor, which writes them this way)."""
+    """ "v000123" → 123 (partition keys come from the sensor, which writes them this way)."""
     if len(key) != 7 or key[0] != "v" or not key[1:].isdigit():
         raise dg.Failure(f"partition key {key!r} is not a snapshot id like v000123")
     return int(key[1:])
@@ -28,7 +28,9 @@ class _LogReporter:
         self.context = context
 
     def log(self, message: str, level: str = "info") -> None:
-        getattr(self.context.log, level if level in ("debug", "info", "warning", "error") else "info")(message)
+        getattr(self.context.log, level if level in ("debug", "info", "warning", "error") else "info")(
+            message
+        )
 
 
 @dg.asset(group_name="cache", deps=[latents, cond, cond_ext], kinds={"python"})
@@ -50,8 +52,10 @@ def cache_snapshot(context: dg.AssetExecutionContext, project: Gc25dProject) -> 
     snap = read_snapshot(store, version)
     report = verify_snapshot(store, version, deep=True)
     if not report.ok:
-        raise dg.Failure(f"snapshot {context.partition_key} failed verification",
-                         metadata={"failures": dg.MetadataValue.json(report.failures[:20])})
+        raise dg.Failure(
+            f"snapshot {context.partition_key} failed verification",
+            metadata={"failures": dg.MetadataValue.json(report.failures[:20])},
+        )
     m = snap.manifest
     return dg.MaterializeResult(
         metadata={

@@ -10,7 +10,8 @@ from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import Gc25dProject
 
 snapshot_job = dg.define_asset_job(
-    "cache_snapshot_job", selection=[cache_snapshot],
+    "cache_snapshot_job",
+    selection=[cache_snapshot],
     description="Verify (and later train on) one immutable training-cache snapshot",
 )
 
@@ -27,7 +28,11 @@ def cache_snapshot_sensor(context: dg.SensorEvaluationContext, project: Gc25dPro
     return dg.SensorResult(
         run_requests=[dg.RunRequest(partition_key=k, run_key=k) for k in keys],
         dynamic_partitions_requests=[cache_snapshots.build_add_request(keys)],
-        asset_events=[dg.AssetObservation("dataset_manifest", metadata={"snapshot": k},
-                                          tags={"dagster/data_version": k}) for k in keys],
+        asset_events=[
+            dg.AssetObservation(
+                "dataset_manifest", metadata={"snapshot": k}, tags={"dagster/data_version": k}
+            )
+            for k in keys
+        ],
         cursor=str(max(new)),
     )

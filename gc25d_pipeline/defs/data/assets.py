@@ -17,6 +17,7 @@ def raw_source(context: dg.AssetExecutionContext, project: Gc25dProject) -> dg.M
     summary = raw_prepare.prepare_raw(cfg, log=context.log.info)
     return dg.MaterializeResult(metadata={**summary, "root": dg.MetadataValue.path(str(cfg.raw.root))})
 
+
 @dg.asset(group_name="data", deps=[raw_source], kinds={"python"})
 def clips_index(context: dg.AssetExecutionContext, project: Gc25dProject) -> dg.MaterializeResult:
     """index/clips.jsonl + index/runs.json: run-level split, drop flags, has_ext, look changes."""
@@ -25,6 +26,7 @@ def clips_index(context: dg.AssetExecutionContext, project: Gc25dProject) -> dg.
     context.log.info(f"clips index: {summary}")
     path = Path(cfg.paths.data_root) / "index" / "clips.jsonl"
     return dg.MaterializeResult(metadata={**summary, "path": dg.MetadataValue.path(str(path))})
+
 
 @dg.asset(group_name="data", kinds={"torch"})
 def text_table(context: dg.AssetExecutionContext, project: Gc25dProject) -> dg.MaterializeResult:

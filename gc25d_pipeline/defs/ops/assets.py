@@ -11,6 +11,7 @@ class ClusterCheckConfig(dg.Config):
     step_seconds: float = 0.0
     fresh: bool = False
 
+
 @dg.asset(
     group_name="ops",
     kinds={"torch"},
@@ -18,7 +19,10 @@ class ClusterCheckConfig(dg.Config):
     retry_policy=dg.RetryPolicy(max_retries=2, delay=1),
 )
 def cluster_check(
-    context: dg.AssetExecutionContext, config: ClusterCheckConfig, project: Gc25dProject, torchrun: TorchrunLauncher
+    context: dg.AssetExecutionContext,
+    config: ClusterCheckConfig,
+    project: Gc25dProject,
+    torchrun: TorchrunLauncher,
 ) -> dg.MaterializeResult:
     """All ranks join, all-reduce and checkpoint each step; a retry within the run resumes from its folder."""
     cfg = project.config()
@@ -26,4 +30,6 @@ def cluster_check(
     if config.fresh:
         args.append("--fresh")
     run_dir = project.run_dir(cfg, "cluster_check", context, per_run=True)
-    return torchrun.launch(context, "gc25d_core.jobs.cluster_check", cfg, run_dir, args).get_materialize_result()
+    return torchrun.launch(
+        context, "gc25d_core.jobs.cluster_check", cfg, run_dir, args
+    ).get_materialize_result()

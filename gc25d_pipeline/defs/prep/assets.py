@@ -21,19 +21,29 @@ def cond_preview(cfg: Gc25dConfig) -> bytes | None:
 
 
 cond = clip_job_asset(
-    "cond", "gc25d_core.jobs.cond", [clips_index, raw_source],
-    "cond/<clip_id>.npz: parts-vocab ids uint8 [81,H,W] (resample_ids → label_parts)", preview=cond_preview,
+    "cond",
+    "gc25d_core.jobs.cond",
+    [clips_index, raw_source],
+    "cond/<clip_id>.npz: parts-vocab ids uint8 [81,H,W] (resample_ids → label_parts)",
+    preview=cond_preview,
 )
 # "meta" is reserved in Dagster; the asset is clip_meta, its files are meta/<clip_id>.npz
 clip_meta = clip_job_asset(
-    "clip_meta", "gc25d_core.jobs.meta", [clips_index, raw_source],
+    "clip_meta",
+    "gc25d_core.jobs.meta",
+    [clips_index, raw_source],
     "meta/<clip_id>.npz: cameras, capsules, actor state per frame (F = 81, +28 with has_ext)",
 )
 cond_ext = clip_job_asset(
-    "cond_ext", "gc25d_core.jobs.cond_ext", [clips_index, raw_source],
+    "cond_ext",
+    "gc25d_core.jobs.cond_ext",
+    [clips_index, raw_source],
     "cond_ext/<clip_id>.npz for has_ext clips: ids [28,H,W], blocks [7,5], 7 prompts",
 )
 latents = clip_job_asset(
-    "latents", "gc25d_core.jobs.latents", [clips_index, raw_source],
-    "latents/<clip_id>.pt: Wan2.2 VAE bf16 [48,21,H/16,W/16] + prompts, actions_block, ids", pool="gpu",
+    "latents",
+    "gc25d_core.jobs.latents",
+    [clips_index, raw_source],
+    "latents/<clip_id>.pt: Wan2.2 VAE bf16 [48,21,H/16,W/16] + prompts, actions_block, ids",
+    pool="gpu",
 )
