@@ -46,7 +46,7 @@ class CheckpointDir:
     def path(self, step: int) -> Path:
         return self.root / step_name(step)
 
-    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+    def save(self, step: int, write: Callable[[Path], object]) -> Path:
         """``write(tmp_dir)`` fills a temp folder that then becomes ``step-N`` atomically."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(step)

@@ -137,9 +137,13 @@ class Shapes:
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray], compressed: bool = True) -> Path:
-    """Atomic np.savez(_compressed); the temp file keeps a .npz suffix so numpy does not append one."""
+    """Atomic np.savez(_compressed), written through a file object (numpy then adds no suffix)."""
+    members: dict[str, Any] = dict(arrays)  # numpy's stubs mistake ** members for allow_pickle
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        (np.savez_compressed if compressed else np.savez)(f, **arrays)
+        if compressed:
+            np.savez_compressed(f, **members)
+        else:
+            np.savez(f, **members)
     return path
 
 

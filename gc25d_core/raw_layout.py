@@ -156,7 +156,7 @@ class RunDir:
         path = self.path / "frames.jsonl"
         if not path.is_file():
             raise RawLayoutError(f"{path}: file does not exist")
-        records = []
+        records: list[FrameRecord] = []
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue

@@ -61,7 +61,7 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
             ckpts.save_json(step, {"step": step, "total": total, "world_size": world})
         barrier()
         progress.update(1)
-    hosts = [None] * world
+    hosts: list[str | None] = [None] * world
     if dist.is_initialized():
         dist.all_gather_object(hosts, socket.gethostname())
     else:
