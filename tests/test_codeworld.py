@@ -112,7 +112,8 @@ def test_extension_validity_and_look_changes(tiny_raw: TinyRaw):
 
 
 def test_clips_index_builds_under_spec_rules(tiny_raw: TinyRaw, tmp_path):
-    index = pytest.importorskip("gc25d_core.index")
+    from gc25d_core import index
+
     cfg = load_config("tiny", {"paths": {"data_root": str(tmp_path / "data")}})
     rows, splits = index.build_index(RawSource(tiny_raw.root), cfg)
     by_run = {}
