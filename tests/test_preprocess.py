@@ -11,13 +11,14 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pytest
+import torch
 
 from gc25d_core.config import load_config, write_resolved
 from gc25d_core.index import build_and_write, read_index
-from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_meta, read_npz
+from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_latents, read_meta, read_npz
 from gc25d_core.vocab import valid_raw_ids
 from gc25d_pipeline.defs.data.assets import clips_index, raw_source
-from gc25d_pipeline.defs.prep.assets import clip_meta, cond, cond_ext
+from gc25d_pipeline.defs.prep.assets import clip_meta, cond, cond_ext, ext_canvas, latents
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject, RawDataset
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
@@ -43,7 +44,7 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
     )
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [raw_source, clips_index, cond, clip_meta, cond_ext],
+            [raw_source, clips_index, cond, clip_meta, cond_ext, ext_canvas, latents],
             instance=instance,
             resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)},
         )
@@ -72,6 +73,20 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
     for r in ext_rows:
         ext = read_cond_ext(layout.cond_ext(r.clip_id), shapes)
         assert ext["prompts"].shape == (7,)
+    canvas_rows = [r for r in rows if r.ext_look_change]
+    assert mats["ext_canvas"]["num_built"].value == len(canvas_rows) > 0
+    for r in canvas_rows:
+        canvas = read_cond_ext(layout.cond_ext_canvas(r.clip_id), shapes)
+        raw_ext = read_cond_ext(layout.cond_ext(r.clip_id), shapes)
+        assert np.array_equal(canvas["blocks"], raw_ext["blocks"])
+        assert (canvas["prompts"] == raw_ext["prompts"]).all()
+    assert "latents" in mats, sorted(mats)
+    assert mats["latents"]["num_built"].value == len(rows) and mats["latents"]["num_failed"].value == 0
+    for r in rows:
+        rec = read_latents(layout.latents(r.clip_id), shapes)
+        assert rec["latent"].shape == (48, 21, 4, 8) and rec["clip_id"] == r.clip_id
+        assert torch.isfinite(rec["latent"].float()).all() and rec["latent"].float().std() > 0
+        assert rec["prompts"][0] == rec["prompts"][1]  # cell 0 = cell 1
 
 
 def _content_hashes(folder: Path) -> dict[str, str]:

@@ -7,7 +7,7 @@ from gc25d_core.cache.from_layout import open_cache_store, pack_and_publish
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
-from gc25d_pipeline.defs.prep.assets import cond, cond_ext, latents
+from gc25d_pipeline.defs.prep.assets import cond, cond_ext, ext_canvas, latents
 from gc25d_pipeline.lib.project import Gc25dProject
 
 # The moving manifest.json pointer lives outside Dagster; the sensor records its versions here.
@@ -33,7 +33,7 @@ class _LogReporter:
         )
 
 
-@dg.asset(group_name="cache", deps=[latents, cond, cond_ext], kinds={"python"})
+@dg.asset(group_name="cache", deps=[latents, cond, cond_ext, ext_canvas], kinds={"python"})
 def training_cache(context: dg.AssetExecutionContext, project: Gc25dProject) -> dg.MaterializeResult:
     """Shards + receipts for every not-yet-packed chunk of clips, then the next snapshot (parent-checked)."""
     cfg = project.config()

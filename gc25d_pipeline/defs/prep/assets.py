@@ -47,3 +47,10 @@ latents = clip_job_asset(
     "latents/<clip_id>.pt: Wan2.2 VAE bf16 [48,21,H/16,W/16] + prompts, actions_block, ids",
     pool="gpu",
 )
+ext_canvas = clip_job_asset(
+    "ext_canvas",
+    "gc25d_core.jobs.ext_canvas",
+    [clips_index, cond, clip_meta, cond_ext],
+    "cond_ext_canvas/<clip_id>.npz for rows whose look changes at s+81 (SPEC §8 stage 3): ground-plane "
+    "canvas from frames 0..80 re-rendered per extension camera + code-drawn capsules, unseen = 255",
+)
