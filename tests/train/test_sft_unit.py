@@ -1,0 +1,189 @@
+"""SFT pieces in one process: config sections and the generated DeepSpeed config, the worker-side
+dropouts, the TI2V inputs / loss mask, and the plain-torch engine's resume (DataLoader worker path)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gc25d_core.config import ConfigError, load_config
+from gc25d_core.report import StdoutReporter
+from gc25d_core.text import NULL_KEY
+from gc25d_core.train.sft import (
+    SampleTransform,
+    SftConfig,
+    SftDropoutConfig,
+    SftTrainer,
+    deepspeed_config,
+    lr_lambda,
+    prompt_keys,
+    run_sft,
+    sft_config,
+    with_sft,
+)
+from gc25d_core.vocab import UNKNOWN
+from tests.train.world import sft_world
+
+CURVE_KEYS = ("loss", "mse", "t_mean", "grad_norm", "lr", "cond_lr", "sem_rms", "x_rms", "epoch")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return sft_world(tmp_path_factory.mktemp("sft_unit"))
+
+
+def test_presets_and_generated_deepspeed_config():
+    v10 = sft_config(with_sft(load_config("v10"), "v10"))
+    assert (v10.micro_batch, v10.grad_accum, v10.max_steps) == (1, 2, 20000)
+    assert (v10.optim.lr, v10.optim.cond_lr, v10.optim.weight_decay, v10.optim.betas) == (
+        1e-5,
+        1e-4,
+        0.01,
+        (0.9, 0.999),
+    )
+    assert (v10.optim.warmup_steps, v10.optim.grad_clip, v10.save_every, v10.val.every) == (
+        500,
+        1.0,
+        1000,
+        500,
+    )
+    assert v10.val.timesteps == (200.0, 500.0, 800.0) and v10.val.num_clips == 16 and v10.state_slots == 2
+    assert (v10.dropout.text, v10.dropout.cond, v10.dropout.unknown_mask) == (0.1, 0.05, 0.5)
+    ds = deepspeed_config(v10, 8, "bf16")
+    assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 2
+    assert ds["zero_optimization"]["stage"] == 2 and ds["bf16"]["enabled"] and ds["gradient_clipping"] == 1.0
+    assert "optimizer" not in ds and "scheduler" not in ds  # client AdamW + LambdaLR
+    assert not deepspeed_config(SftConfig(), 2, "fp32")["bf16"]["enabled"]
+    with pytest.raises(ConfigError, match="optim.lr"):
+        sft_config(load_config("tiny", {"extra": {"sft": {"optim": {"lr": "fast"}}}}))
+    with pytest.raises(ValueError, match="wan_dir"):
+        with_sft(load_config("tiny"), {"model": {"init": "wan"}})
+
+
+def test_warmup_then_constant():
+    f = lr_lambda(500)
+    assert (
+        f(0) == pytest.approx(1 / 500) and f(249) == pytest.approx(0.5) and f(499) == 1.0 and f(10**6) == 1.0
+    )
+    assert lr_lambda(0)(0) == 1.0
+
+
+def _samples(cfg):
+    from gc25d_core.cache import ConsumerConfig, LocalStore, StreamingCache
+
+    ds = StreamingCache(
+        LocalStore(cfg.cache.store), ConsumerConfig(split="train"), rank=0, world_size=1, collate_fn=None
+    )
+    return ds, [s for b in ds.iter_batches() for s in b.samples]
+
+
+def _transform(cfg, dropout: SftDropoutConfig, ds):
+    return SampleTransform(
+        seed=3,
+        dropout=dropout,
+        prompt_to_key=prompt_keys(cfg),
+        cfg=cfg,
+        meta_root=cfg.paths.data_root,
+        on_missing_meta="error",
+    ).attach(ds)
+
+
+def test_dropouts_are_seeded_per_sample_and_epoch(world):
+    ds, samples = _samples(world)
+    tr = _transform(world, SftDropoutConfig(text=0.5, cond=0.3, unknown_mask=0.5), ds)
+    a = [tr.prepare(s) for s in samples]
+    b = [tr.prepare(s) for s in reversed(samples)][::-1]  # order (worker, rank) does not matter
+    assert [(p.text_dropped, p.cond_dropped, p.masked) for p in a] == [
+        (p.text_dropped, p.cond_dropped, p.masked) for p in b
+    ]
+    assert all(torch.equal(x.ids, y.ids) and x.keys == y.keys for x, y in zip(a, b, strict=True))
+    for p, s in zip(a, samples, strict=True):
+        if p.text_dropped:
+            assert p.keys == [NULL_KEY] * 21
+        if p.cond_dropped:
+            assert bool((p.ids == UNKNOWN).all()) and not p.masked
+        if not (p.cond_dropped or p.masked):
+            assert torch.equal(p.ids, s.tensors["cond_ids"])
+    ds.epoch = 1  # another epoch draws again
+    c = [tr.prepare(s) for s in samples]
+    assert [(p.text_dropped, p.cond_dropped, p.masked) for p in a] != [
+        (p.text_dropped, p.cond_dropped, p.masked) for p in c
+    ]
+
+
+def test_unknown_masking_touches_static_pixels_only(world):
+    ds, samples = _samples(world)
+    tr = _transform(world, SftDropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0), ds)
+    fracs = []
+    for s in samples:
+        raw = s.tensors["cond_ids"].numpy()
+        p = tr.prepare(s)
+        assert p.masked and not p.cond_dropped and not p.text_dropped
+        out = p.ids.numpy()
+        changed = out != raw
+        assert (out[changed] == UNKNOWN).all()
+        assert (raw[changed] < 7).all()  # characters (10..21) are never masked
+        assert np.array_equal(out[raw >= 10], raw[raw >= 10])
+        fracs.append(p.masked_frac)
+    assert 0 < np.mean(fracs) < 1
+
+
+def test_ti2v_inputs_and_loss_mask(world):
+    trainer = SftTrainer(world, world.paths.runs_root, StdoutReporter(rank=0))
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 48, 21, 4, 8, generator=g)
+    x0_, x_t, target = trainer._inputs(x0, 800.0, torch.Generator().manual_seed(1))
+    assert torch.equal(x_t[:, :, 0], x0[:, :, 0])  # the clean anchor
+    assert not torch.equal(x_t[:, :, 1], x0[:, :, 1])
+    pred = target.clone()
+    assert trainer._mse(pred, target).item() == 0.0  # exact velocity -> zero loss
+    pred[:, :, 0] += 100.0
+    assert trainer._mse(pred, target).item() == 0.0  # cell 0 is excluded
+    pred[:, :, 5] += 1.0
+    assert trainer._mse(pred, target).item() == pytest.approx(1 / 20)
+
+
+@pytest.fixture
+def one_thread():
+    """Multi-threaded CPU kernels are not bitwise reproducible run to run (torchrun sets 1 thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
+    sft = {
+        "engine": "ddp",
+        "max_steps": 6,
+        "state_every": 2,
+        "save_every": 3,
+        "deterministic": False,
+        "data": {"num_workers": 1},  # dropouts run in a DataLoader worker
+        "val": {"every": 3, "num_clips": 1},
+    }
+    cfg = with_sft(world, "tiny", sft)
+    full = run_sft(cfg, tmp_path / "full", StdoutReporter(rank=0))
+    assert full["final_step"] == 6 and full["state_slots"] == ["step-000004", "step-000006"]
+    part = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0), max_steps=4)
+    assert part["final_step"] == 4 and not (tmp_path / "part" / "done.json").exists()
+    rest = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0))
+    assert rest["resumed_from_step"] == 4 and (tmp_path / "part" / "done.json").exists()
+
+    def curve(run):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [{k: json.loads(x)[k] for k in CURVE_KEYS} for x in lines]
+
+    assert curve("full") == curve("part")
+    a = torch.load(tmp_path / "full/state/step-000006/trainer.pt", weights_only=True)
+    b = torch.load(tmp_path / "part/state/step-000006/trainer.pt", weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["scheduler"] == b["scheduler"]
+    again = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0))  # nothing left to do
+    assert again["resumed_from_step"] == 6 and again["final_step"] == 6
+    fresh = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0), max_steps=1, fresh=True)
+    assert fresh["resumed_from_step"] == 0 and fresh["state_slots"] == ["step-000001"]
+    assert fresh["exports"] == ["step-000001.safetensors"]

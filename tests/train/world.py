@@ -1,0 +1,147 @@
+"""A tiny training cache built in a tmp folder from synthetic processed clips (latents, cond, meta,
+index) — no raw data, no VAE — and the config that trains SFT on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gc25d_core.cache.from_layout import pack_and_publish
+from gc25d_core.codeworld.camera import CAMERA_VARIANTS, aimed_pose, camera_matrices
+from gc25d_core.config import Gc25dConfig, load_config, write_resolved
+from gc25d_core.index import ClipRow, write_index
+from gc25d_core.layout import NUM_CAPSULES, Layout, Shapes, clip_id, write_cond, write_latents, write_meta
+from gc25d_core.text import block_to_prompt, text_data
+from gc25d_core.timeline import cell_blocks
+from gc25d_core.train.sft import with_sft
+
+VAL_RUN = "R10_s1512"
+TRAIN_RUNS = ("R10_s2024", "R10_s3036", "R10_s4048", "R10_s5060")
+STARTS = (0, 96)  # 2 clips per run; shards of 2 = one run each, all train or all val
+
+
+def _ids(shapes: Shapes, rng: np.random.Generator) -> np.ndarray:
+    """Sky above a horizon, terrain / paving / vegetation below, a player and a boss blob moving."""
+    f, h, w = shapes.cond
+    ids = np.zeros((f, h, w), np.uint8)
+    horizon = int(rng.integers(h // 4, h // 2))
+    ids[:, horizon:] = 1
+    ids[:, horizon + 6 :, : w // 3] = 2
+    ids[:, horizon + 4 :, -w // 4 :] = 5
+    x0, x1 = rng.integers(8, w - 24, size=2)
+    for k in range(f):
+        px = int(x0 + 8 * np.sin(k / 9))
+        ids[k, h // 2 : h // 2 + 12, px : px + 8] = 10
+        ids[k, h // 2 + 4 : h // 2 + 8, px + 8 : px + 10] = 16
+        bx = int(x1 + 6 * np.cos(k / 7))
+        ids[k, h // 2 - 6 : h // 2 + 10, bx : bx + 10] = 11
+    return ids
+
+
+def _meta(cfg: Gc25dConfig, shapes: Shapes, start: int) -> dict[str, np.ndarray]:
+    f = shapes.meta_frames(False)
+    w2c, w2v, proj = [], [], []
+    for k in range(f):
+        pose = aimed_pose(
+            np.array([3.0 * (start + k), 40.0 * np.sin(k / 20), 0.0]), 0.3, CAMERA_VARIANTS["tp_high"]
+        )
+        cam = camera_matrices(pose, cfg.geometry.src_width, cfg.geometry.src_height)
+        w2c.append(cam.world_to_clip.ravel())
+        w2v.append(cam.world_to_view.ravel())
+        proj.append(cam.projection.ravel())
+    return {
+        "world_to_clip": np.array(w2c, np.float64),
+        "world_to_view": np.array(w2v, np.float64),
+        "projection": np.array(proj, np.float64),
+        "orthographic": np.zeros(f, np.bool_),
+        "fov_x_deg": np.full(f, 75.0, np.float32),
+        "ortho_width_cm": np.full(f, 512.0, np.float32),
+        "frame_offset_cm": np.zeros((f, 3), np.float32),
+        "capsules": np.zeros((f, 2, NUM_CAPSULES, 7), np.float32),
+        "actor_pos": np.zeros((f, 2, 3), np.float32),
+        "ground_z": np.zeros(f, np.float32),
+        "player_state": np.array(["idle"] * f),
+        "boss_state": np.array(["idle"] * f),
+        "player_px": np.full(f, -1, np.int32),
+        "boss_px": np.full(f, -1, np.int32),
+    }
+
+
+def write_clips(cfg: Gc25dConfig) -> list[str]:
+    layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
+    data = text_data(cfg.text)
+    rows, runs = [], {}
+    for run in (VAL_RUN, *TRAIN_RUNS):
+        split = "val" if run == VAL_RUN else "train"
+        runs[run] = split
+        for s in STARTS:
+            cid = clip_id("arena", run, s)
+            rng = np.random.default_rng(len(rows) + 7)
+            rows.append(
+                ClipRow(
+                    clip_id=cid,
+                    subset="v10_real",
+                    scene="arena",
+                    run=run,
+                    start=s,
+                    end=s + 81,
+                    split=split,
+                    drop=False,
+                    drop_reason="",
+                    episode=0,
+                    camera_variant="tp_high",
+                    look_name="l",
+                    centered=True,
+                    n_events=0,
+                    dead_frac=0.0,
+                    has_ext=False,
+                    ortho=False,
+                    ext_look_change=False,
+                )
+            )
+            blocks20 = np.zeros((20, 5), np.uint8)
+            blocks20[:, 0] = rng.integers(0, 9, 20)
+            blocks20[:, 2] = (rng.random(20) < 0.2).astype(np.uint8)
+            cells = cell_blocks(blocks20)
+            g = torch.Generator().manual_seed(len(rows))
+            write_latents(
+                layout,
+                {
+                    "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16),
+                    "prompts": [block_to_prompt(b, data) for b in cells],
+                    "actions_block": torch.from_numpy(np.ascontiguousarray(cells)).to(torch.uint8),
+                    "clip_id": cid,
+                    "subset": "v10_real",
+                    "scene": "arena",
+                    "run": run,
+                    "start": s,
+                },
+                shapes,
+            )
+            write_cond(layout, cid, _ids(shapes, rng), shapes)
+            write_meta(layout, cid, _meta(cfg, shapes, s), shapes, False)
+    write_index(layout, rows, runs)
+    return [r.clip_id for r in rows]
+
+
+def sft_world(root: Path, sft: dict[str, Any] | None = None) -> Gc25dConfig:
+    """Processed layout + published cache under ``root``; returns the tiny config with extra.sft."""
+    cfg = load_config(
+        "tiny",
+        {
+            "paths": {"data_root": str(root / "data"), "runs_root": str(root / "runs")},
+            "raw": {"root": str(root / "raw")},
+            "index": {"val_runs": [VAL_RUN]},
+            "cache": {"store": str(root / "cache"), "samples_per_shard": 2},
+        },
+    )
+    write_clips(cfg)
+    pack_and_publish(cfg)
+    return with_sft(cfg, "tiny", sft)
+
+
+def write_config(cfg: Gc25dConfig, path: Path) -> Path:
+    return write_resolved(cfg, path.parent, path.name)
