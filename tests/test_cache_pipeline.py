@@ -6,15 +6,16 @@ import json
 import dagster as dg
 import numpy as np
 import pytest
-import torch
 
 from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.snapshots import list_versions, read_snapshot
-from gc25d_core.index import ClipRow, write_index
-from gc25d_core.layout import Layout, Shapes, clip_id, write_cond, write_latents
+from gc25d_core.index import write_index
+from gc25d_core.layout import Layout, Shapes, write_cond
 from gc25d_pipeline.defs.cache.assets import cache_snapshot, training_cache
 from gc25d_pipeline.defs.cache.sensors import cache_snapshot_sensor
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+
+from .train.world import synthetic_row, write_synthetic_latents
 
 
 def _write_clips(cfg, runs: dict[str, str], starts=(0, 96)) -> None:
@@ -23,45 +24,12 @@ def _write_clips(cfg, runs: dict[str, str], starts=(0, 96)) -> None:
     rows = []
     for run, split in runs.items():
         for s in starts:
-            cid = clip_id("arena", run, s)
-            rows.append(
-                ClipRow(
-                    clip_id=cid,
-                    subset="v10_real",
-                    scene="arena",
-                    run=run,
-                    start=s,
-                    end=s + 81,
-                    split=split,
-                    drop=False,
-                    drop_reason="",
-                    episode=0,
-                    camera_variant="a",
-                    look_name="l",
-                    centered=True,
-                    n_events=0,
-                    dead_frac=0.0,
-                    has_ext=False,
-                    ortho=False,
-                    ext_look_change=False,
-                )
+            row = synthetic_row(run, s, split)
+            rows.append(row)
+            write_synthetic_latents(
+                layout, shapes, row, s + len(run), ["p"] * 21, np.zeros((21, 5), np.uint8)
             )
-            g = torch.Generator().manual_seed(s + len(run))
-            write_latents(
-                layout,
-                {
-                    "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16),
-                    "prompts": ["p"] * 21,
-                    "actions_block": torch.zeros(21, 5, dtype=torch.uint8),
-                    "clip_id": cid,
-                    "subset": "v10_real",
-                    "scene": "arena",
-                    "run": run,
-                    "start": s,
-                },
-                shapes,
-            )
-            write_cond(layout, cid, np.full(shapes.cond, 1, np.uint8), shapes)
+            write_cond(layout, row.clip_id, np.full(shapes.cond, 1, np.uint8), shapes)
     write_index(layout, rows, runs)
 
 

@@ -70,6 +70,51 @@ def _meta(cfg: Gc25dConfig, shapes: Shapes, start: int) -> dict[str, np.ndarray]
     }
 
 
+def synthetic_row(run: str, start: int, split: str, scene: str = "arena") -> ClipRow:
+    """An index row for a fabricated clip (no raw data behind it)."""
+    return ClipRow(
+        clip_id=clip_id(scene, run, start),
+        subset="v10_real",
+        scene=scene,
+        run=run,
+        start=start,
+        end=start + 81,
+        split=split,
+        drop=False,
+        drop_reason="",
+        episode=0,
+        camera_variant="tp_high",
+        look_name="l",
+        centered=True,
+        n_events=0,
+        dead_frac=0.0,
+        has_ext=False,
+        ortho=False,
+        ext_look_change=False,
+    )
+
+
+def write_synthetic_latents(
+    layout: Layout, shapes: Shapes, row: ClipRow, seed: int, prompts: list[str], cells: np.ndarray
+) -> None:
+    """latents/<clip_id>.pt with a seeded random latent and the given prompts / cell actions."""
+    g = torch.Generator().manual_seed(seed)
+    write_latents(
+        layout,
+        {
+            "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16),
+            "prompts": prompts,
+            "actions_block": torch.from_numpy(np.ascontiguousarray(cells)).to(torch.uint8),
+            "clip_id": row.clip_id,
+            "subset": row.subset,
+            "scene": row.scene,
+            "run": row.run,
+            "start": row.start,
+        },
+        shapes,
+    )
+
+
 def write_clips(cfg: Gc25dConfig) -> list[str]:
     layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
     data = text_data(cfg.text)
@@ -80,47 +125,13 @@ def write_clips(cfg: Gc25dConfig) -> list[str]:
         for s in STARTS:
             cid = clip_id("arena", run, s)
             rng = np.random.default_rng(len(rows) + 7)
-            rows.append(
-                ClipRow(
-                    clip_id=cid,
-                    subset="v10_real",
-                    scene="arena",
-                    run=run,
-                    start=s,
-                    end=s + 81,
-                    split=split,
-                    drop=False,
-                    drop_reason="",
-                    episode=0,
-                    camera_variant="tp_high",
-                    look_name="l",
-                    centered=True,
-                    n_events=0,
-                    dead_frac=0.0,
-                    has_ext=False,
-                    ortho=False,
-                    ext_look_change=False,
-                )
-            )
+            rows.append(synthetic_row(run, s, split))
             blocks20 = np.zeros((20, 5), np.uint8)
             blocks20[:, 0] = rng.integers(0, 9, 20)
             blocks20[:, 2] = (rng.random(20) < 0.2).astype(np.uint8)
             cells = cell_blocks(blocks20)
-            g = torch.Generator().manual_seed(len(rows))
-            write_latents(
-                layout,
-                {
-                    "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16),
-                    "prompts": [block_to_prompt(b, data) for b in cells],
-                    "actions_block": torch.from_numpy(np.ascontiguousarray(cells)).to(torch.uint8),
-                    "clip_id": cid,
-                    "subset": "v10_real",
-                    "scene": "arena",
-                    "run": run,
-                    "start": s,
-                },
-                shapes,
-            )
+            prompts = [block_to_prompt(b, data) for b in cells]
+            write_synthetic_latents(layout, shapes, rows[-1], len(rows), prompts, cells)
             write_cond(layout, cid, _ids(shapes, rng), shapes)
             write_meta(layout, cid, _meta(cfg, shapes, s), shapes, False)
     write_index(layout, rows, runs)
