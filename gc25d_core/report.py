@@ -122,6 +122,16 @@ def _pipes_metadata_value(v: Any) -> Any:
     return str(v)
 
 
+def pipes_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Pipes takes raw scalars and lists, but a dict value must be ``{raw_value, type}``: nested
+    dicts travel as the ``json`` type."""
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        v = _pipes_metadata_value(value)
+        out[str(key)] = {"raw_value": v, "type": "json"} if isinstance(v, dict) else v
+    return out
+
+
 class PipesReporter:
     """Rank-0 reporter over an open Dagster Pipes context."""
 
@@ -139,8 +149,7 @@ class PipesReporter:
         self.pipes.log.info(json.dumps(payload, default=_json_default))
 
     def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None:
-        md = {k: _pipes_metadata_value(v) for k, v in metadata.items()}
-        self.pipes.report_asset_materialization(metadata=md, data_version=data_version)
+        self.pipes.report_asset_materialization(metadata=pipes_metadata(metadata), data_version=data_version)
 
     def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
         return Progress(self, total, unit, every_s)

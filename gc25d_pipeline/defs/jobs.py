@@ -4,7 +4,15 @@ import dagster as dg
 # (Snapshot-partitioned assets run per snapshot through the cache sensor's job.)
 full_chain = dg.define_asset_job(
     "full_chain",
-    selection=dg.AssetSelection.all() - dg.AssetSelection.assets("cache_snapshot"),
+    selection=dg.AssetSelection.all() - dg.AssetSelection.assets("cache_snapshot", "sft", "sft_teacher"),
     description="Materialize every asset: raw source → clips index / text table → … (grows with the graph)",
     tags={"dagster/max_runtime": str(7 * 24 * 3600)},
+)
+
+# Per snapshot partition: train the teacher and pick it (launched from the UI or CLI for a chosen
+# snapshot, e.g. `dagster job launch -j sft_job --tags '{"dagster/partition": "v000001"}'`).
+sft_job = dg.define_asset_job(
+    "sft_job",
+    selection=dg.AssetSelection.assets("sft", "sft_teacher"),
+    tags={"gpu": "true", "dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"},
 )
