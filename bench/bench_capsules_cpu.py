@@ -1,7 +1,7 @@
 """label_parts and render_capsules throughput at 832×480, frames/s on one core (issue 3).
 
-    python -m gc25d_core.codeworld generate /tmp/full_raw --preset full
-    OMP_NUM_THREADS=1 python bench/bench_capsules_cpu.py --raw /tmp/full_raw --frames 20
+python -m gc25d_core.codeworld generate /tmp/full_raw --preset full
+OMP_NUM_THREADS=1 python bench/bench_capsules_cpu.py --raw /tmp/full_raw --frames 20
 """
 
 from __future__ import annotations
@@ -46,9 +46,19 @@ def main() -> None:
     for _, fj in inputs:
         render_capsules(fj, fj.world_to_clip, fj.world_to_view, background, geom)
     t_render = (time.perf_counter() - t0) / len(inputs)
-    print(json.dumps({"frames": len(inputs), "hw": [geom.dst_height, geom.dst_width], "character_px_frac": char_px,
-                      "label_parts_ms": 1000 * t_label, "label_parts_frames_per_s": 1 / t_label,
-                      "render_capsules_ms": 1000 * t_render, "render_capsules_frames_per_s": 1 / t_render}))
+    print(
+        json.dumps(
+            {
+                "frames": len(inputs),
+                "hw": [geom.dst_height, geom.dst_width],
+                "character_px_frac": char_px,
+                "label_parts_ms": 1000 * t_label,
+                "label_parts_frames_per_s": 1 / t_label,
+                "render_capsules_ms": 1000 * t_render,
+                "render_capsules_frames_per_s": 1 / t_render,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,14 @@ def test_pipes_metadata_wraps_nested_dicts_for_dagster_pipes():
 
     from gc25d_core.report import pipes_metadata
 
-    md = pipes_metadata({"n": np.int64(3), "curve": {"6": 1.5}, "hosts": ["a"], "none": None, "x": np.float32(2)})
-    assert md == {"n": 3, "curve": {"raw_value": {"6": 1.5}, "type": "json"}, "hosts": ["a"], "none": None, "x": 2.0}
+    md = pipes_metadata(
+        {"n": np.int64(3), "curve": {"6": 1.5}, "hosts": ["a"], "none": None, "x": np.float32(2)}
+    )
+    assert md == {
+        "n": 3,
+        "curve": {"raw_value": {"6": 1.5}, "type": "json"},
+        "hosts": ["a"],
+        "none": None,
+        "x": 2.0,
+    }
     _normalize_param_metadata(md, "report_asset_materialization", "metadata")  # what Pipes itself checks
