@@ -8,7 +8,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DIFFSYNTH_SKIP_DOWNLOAD := True
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run dev test test-gpu lint validate clean
+.PHONY: setup run sft dev test test-gpu lint validate clean
 
 # Fresh venv with pinned torch (constraints.txt) so diffsynth's torchvision cannot pull a CUDA torch.
 setup:
@@ -19,10 +19,21 @@ setup:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
 
-# Materialize the whole graph that exists so far on the embedded default (tiny preset, CPU).
+# Materialize the whole graph that exists so far on the embedded default (tiny preset, CPU):
+# the unpartitioned chain up to a published training-cache snapshot, then that snapshot's partition
+# (deep verification), which the sensor would request when the daemon runs. SFT on it: `make sft`.
 run:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster job execute -m gc25d_pipeline.definitions -j full_chain
+	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
+	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
+	  --select cache_snapshot --partition $$snap
+
+# SFT teacher + pick on the newest snapshot (tiny preset: 40 steps on 2 CPU ranks).
+sft:
+	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
+	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
+	  --select sft,sft_teacher --partition $$snap
 
 # The UI (webserver + daemon) on http://127.0.0.1:3000
 dev:

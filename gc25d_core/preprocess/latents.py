@@ -121,6 +121,8 @@ def run_latents(
     """Encode ``rows`` (already this rank's pending clips). ``on_clip(row, nbytes)`` / ``on_error(row, msg)``."""
     from gc25d_core.preprocess.tasks import RunCache
 
+    if not rows:  # everything already encoded: no VAE to build
+        return {"encode_seconds": 0.0}
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = cfg.vae.allow_tf32_matmul

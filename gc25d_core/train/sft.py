@@ -166,6 +166,13 @@ class ZeroConfig(Strict):
     allgather_bucket_size: int = 500_000_000
 
 
+class SftPickConfig(Strict):
+    """SPEC §10: the teacher = lowest mean cond val mse among steps ≥ min_step, latest within rel_tol."""
+
+    min_step: int = Field(default=6000, ge=0)
+    rel_tol: float = Field(default=0.005, ge=0.0)
+
+
 class SftConfig(Strict):
     """SPEC §7 defaults (8 GPU × micro 1 × GA 2 = 16)."""
 
@@ -188,6 +195,7 @@ class SftConfig(Strict):
     dropout: SftDropoutConfig = SftDropoutConfig()
     val: SftValConfig = SftValConfig()
     zero: ZeroConfig = ZeroConfig()
+    pick: SftPickConfig = SftPickConfig()
 
 
 def sft_config(cfg: Gc25dConfig) -> SftConfig:
@@ -952,12 +960,18 @@ class SftTrainer:
         return (pred.float()[:, :, 1:] - target[:, :, 1:]).pow(2).mean()
 
     def train_step(self, step: int) -> dict[str, float]:
-        """Optimizer step ``step`` (1-based): grad_accum micro-batches, then mark them consumed."""
+        """Optimizer step ``step`` (1-based): grad_accum micro-batches, then mark them consumed.
+        An epoch budget that is not a multiple of grad_accum ends the epoch inside a step: the
+        closing epoch's keys are marked before ``_next_micro`` advances the epoch (sample keys
+        carry no epoch, so marked later they would land in the new epoch's bitmask)."""
         ga = self.sft.grad_accum
         sums = np.zeros(10)
         keys_done: list[Any] = []
         grad_norm: float | None = None
         for micro in range(ga):
+            if self.epoch_budget <= 0 and keys_done:  # _next_micro is about to advance the epoch
+                self.ds.mark_consumed(keys_done)
+                keys_done = []
             items = self._next_micro()
             prepared = [p for _, p in items]
             keys_done += [k for k, _ in items]

@@ -187,3 +187,30 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     fresh = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0), max_steps=1, fresh=True)
     assert fresh["resumed_from_step"] == 0 and fresh["state_slots"] == ["step-000001"]
     assert fresh["exports"] == ["step-000001.safetensors"]
+
+
+def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tmp_path):
+    """Regression: an epoch budget that is not a multiple of grad_accum ends the epoch inside an
+    optimizer step. The step's first micro-batches belong to the closing epoch; marking them
+    consumed after advance_epoch put them into the next epoch's bitmask, and when the new epoch
+    yielded them again the consumer raised "consumed twice" (seen on the embedded default: 13
+    clips in shards of 4,4,4,1, 2 ranks, grad_accum 2, odd per-epoch budgets)."""
+    # 1 rank, 8 train samples, micro_batch 1 -> 8 micro-batches per epoch; grad_accum 3 ->
+    # step 3 = the last 2 of epoch 0 + the first of epoch 1, step 6 = the last 2 of epoch 1 + 1 of epoch 2.
+    sft = {
+        "engine": "ddp",
+        "grad_accum": 3,
+        "max_steps": 6,
+        "state_every": 3,
+        "save_every": 100,
+        "export_final": False,
+        "data": {"num_workers": 0},
+        "val": {"every": 100, "num_clips": 1},
+    }
+    cfg = with_sft(world, "tiny", sft)
+    out = run_sft(cfg, tmp_path / "run", StdoutReporter(rank=0))
+    assert out["final_step"] == 6
+    for step, epoch in ((3, 1), (6, 2)):
+        data = json.loads((tmp_path / "run" / f"state/step-{step:06d}/data.json").read_text())
+        done = sum(int(m, 16).bit_count() for m in data["consumed"].values())
+        assert (data["epoch"], done) == (epoch, 1)  # only the new epoch's one sample

@@ -7,8 +7,9 @@ latest rotating state; ``fresh`` starts over. ``sft_teacher`` applies the pick r
 
 import dagster as dg
 
-from gc25d_core.train.pick import DEFAULT_MIN_STEP, DEFAULT_REL_TOL, PickError, pick_sft_run
-from gc25d_core.train.sft import with_sft
+from gc25d_core.config import config_from_yaml
+from gc25d_core.train.pick import PickError, pick_sft_run
+from gc25d_core.train.sft import sft_config, with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot, snapshot_version
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import Gc25dProject
@@ -22,8 +23,8 @@ class SftRunConfig(dg.Config):
 
 
 class SftTeacherConfig(dg.Config):
-    min_step: int = DEFAULT_MIN_STEP
-    rel_tol: float = DEFAULT_REL_TOL
+    min_step: int | None = None  # None: the SFT run's own sft.pick settings (SPEC: 6000, 0.5 %)
+    rel_tol: float | None = None
 
 
 @dg.asset(
@@ -57,10 +58,15 @@ def sft_teacher(
     context: dg.AssetExecutionContext, config: SftTeacherConfig, project: Gc25dProject
 ) -> dg.MaterializeResult:
     """SPEC §10: lowest mean cond val mse among steps ≥ min_step, the latest within rel_tol of it."""
-    cfg = project.config()
-    run_dir = project.run_dir(cfg, "sft", context)
+    run_dir = project.run_dir(project.config(), "sft", context)
+    resolved = run_dir / "config.yaml"
+    if not resolved.is_file():
+        raise dg.Failure(f"{resolved} does not exist: materialize sft for {context.partition_key} first")
+    rule = sft_config(config_from_yaml(resolved)).pick
+    min_step = rule.min_step if config.min_step is None else config.min_step
+    rel_tol = rule.rel_tol if config.rel_tol is None else config.rel_tol
     try:
-        pick = pick_sft_run(run_dir, min_step=config.min_step, rel_tol=config.rel_tol)
+        pick = pick_sft_run(run_dir, min_step=min_step, rel_tol=rel_tol)
     except PickError as e:
         raise dg.Failure(f"no SFT teacher can be picked in {run_dir}: {e}") from None
     return dg.MaterializeResult(

@@ -1,0 +1,43 @@
+"""Operator commands around the Dagster instance (no daemon needed).
+
+    python -m gc25d_pipeline.cli sync-snapshots     # add a cache_snapshots partition per published
+                                                    # snapshot (what the sensor does) and print the newest
+"""
+
+import argparse
+import sys
+
+import dagster as dg
+
+from gc25d_core.cache.from_layout import open_cache_store
+from gc25d_core.cache.manifest import snapshot_id
+from gc25d_core.cache.snapshots import list_versions
+from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.project import default_project
+
+
+def sync_snapshots(instance: dg.DagsterInstance) -> list[str]:
+    """Register every published snapshot as a dynamic partition; returns all snapshot ids, oldest first."""
+    keys = [snapshot_id(v) for v in list_versions(open_cache_store(default_project().config()))]
+    have = set(instance.get_dynamic_partitions(cache_snapshots.name))
+    missing = [k for k in keys if k not in have]
+    if missing:
+        instance.add_dynamic_partitions(cache_snapshots.name, missing)
+    return keys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gc25d_pipeline.cli")
+    ap.add_argument("command", choices=["sync-snapshots"])
+    ap.parse_args(argv)
+    with dg.DagsterInstance.get() as instance:
+        keys = sync_snapshots(instance)
+    if not keys:
+        print("no snapshot published yet", file=sys.stderr)
+        return 1
+    print(keys[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
