@@ -123,3 +123,17 @@ def test_sensor_records_the_manifest_observation(project):
             obs.asset_key == dg.AssetKey("dataset_manifest") and obs.tags["dagster/data_version"] == "v000001"
         )
         assert json.loads(json.dumps(obs.metadata["snapshot"].value)) == "v000001"
+
+
+def test_cli_sync_snapshots_registers_every_published_snapshot(project, monkeypatch):
+    from gc25d_pipeline.cli import sync_snapshots
+
+    monkeypatch.setenv("GC25D_PRESET", project.preset)
+    monkeypatch.setenv(
+        "GC25D_OVERRIDES", ";".join([*project.overrides, f"paths.data_root={project.store.data_root}"])
+    )
+    training_cache(dg.build_asset_context(), project=project)
+    with dg.instance_for_test() as instance:
+        assert sync_snapshots(instance) == ["v000001"]
+        assert sync_snapshots(instance) == ["v000001"]  # idempotent
+        assert instance.get_dynamic_partitions("cache_snapshots") == ["v000001"]
