@@ -196,7 +196,7 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
     yielded them again the consumer raised "consumed twice" (seen on the embedded default: 13
     clips in shards of 4,4,4,1, 2 ranks, grad_accum 2, odd per-epoch budgets)."""
     # 1 rank, 8 train samples, micro_batch 1 -> 8 micro-batches per epoch; grad_accum 3 ->
-    # step 3 = the last 2 of epoch 0 + the first of epoch 1, step 6 = the last 2 of epoch 1 + 1 of epoch 2.
+    # step 3 = the last 2 of epoch 0 + the first of epoch 1, step 6 = the last of epoch 1 + 2 of epoch 2.
     sft = {
         "engine": "ddp",
         "grad_accum": 3,
@@ -210,7 +210,7 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
     cfg = with_sft(world, "tiny", sft)
     out = run_sft(cfg, tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 6
-    for step, epoch in ((3, 1), (6, 2)):
+    for step, epoch, n in ((3, 1, 1), (6, 2, 2)):
         data = json.loads((tmp_path / "run" / f"state/step-{step:06d}/data.json").read_text())
         done = sum(int(m, 16).bit_count() for m in data["consumed"].values())
-        assert (data["epoch"], done) == (epoch, 1)  # only the new epoch's one sample
+        assert (data["epoch"], done) == (epoch, n)  # only the new epoch's samples
