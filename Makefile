@@ -21,15 +21,15 @@ setup:
 
 # Materialize the whole graph that exists so far on the embedded default (tiny preset, CPU):
 # the unpartitioned chain up to a published training-cache snapshot, then that snapshot's partition
-# (deep verification), which the sensor would request when the daemon runs. SFT on it: `make sft`.
+# (deep verification → SFT teacher → §10 pick), which the sensor / an operator would launch.
 run:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster job execute -m gc25d_pipeline.definitions -j full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select cache_snapshot --partition $$snap
+	  --select cache_snapshot,sft,sft_teacher --partition $$snap
 
-# SFT teacher + pick on the newest snapshot (tiny preset: 40 steps on 2 CPU ranks).
+# SFT teacher + pick on the newest snapshot only (tiny preset: 40 steps on 2 CPU ranks).
 sft:
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
