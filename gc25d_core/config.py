@@ -250,7 +250,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
@@ -283,7 +283,7 @@ def load_config(
     try:
         return Gc25dConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, str(path))) from None
+        raise ConfigError(format_validation_error(e, str(path))) from None
 
 
 def config_from_yaml(path: Path) -> Gc25dConfig:
@@ -291,7 +291,7 @@ def config_from_yaml(path: Path) -> Gc25dConfig:
     try:
         return Gc25dConfig.model_validate(read_yaml(path))
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, str(path))) from None
+        raise ConfigError(format_validation_error(e, str(path))) from None
 
 
 def to_yaml(cfg: BaseModel) -> str:

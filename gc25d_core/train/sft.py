@@ -56,7 +56,15 @@ from pydantic import Field, ValidationError, model_validator
 
 from gc25d_core.atomic import TMP_PREFIX, atomic_write_text
 from gc25d_core.checkpoint import CheckpointDir, step_name
-from gc25d_core.config import CONFIGS_DIR, ConfigError, Gc25dConfig, Strict, read_yaml, to_yaml
+from gc25d_core.config import (
+    CONFIGS_DIR,
+    ConfigError,
+    Gc25dConfig,
+    Strict,
+    format_validation_error,
+    read_yaml,
+    to_yaml,
+)
 from gc25d_core.distributed import barrier, global_rank, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
@@ -203,9 +211,7 @@ def sft_config(cfg: Gc25dConfig) -> SftConfig:
     try:
         return SftConfig.model_validate(cfg.extra.get(SFT_KEY, {}))
     except ValidationError as e:
-        lines = ["extra.sft: invalid SFT configuration"]
-        lines += [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(format_validation_error(e, "extra.sft")) from None
 
 
 def sft_section(name: str) -> dict[str, Any]:
