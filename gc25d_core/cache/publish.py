@@ -119,6 +119,21 @@ class PackResult:
     created: bool  # False: an identical shard was already there
 
 
+def receipt_samples(members: Iterable[Any], groups: Sequence[str]) -> tuple[ReceiptSample, ...]:
+    """A receipt's per-sample records from the verified/written TAR members (same order) and groups."""
+    return tuple(
+        ReceiptSample(
+            id=m.id,
+            pt_size=m.pt_size,
+            pt_sha256=m.pt_sha256,
+            json_size=m.json_size,
+            json_sha256=m.json_sha256,
+            group=g,
+        )
+        for m, g in zip(members, groups, strict=True)
+    )
+
+
 def _existing_receipt(store: Store, receipt_path: str) -> tuple[Receipt, str] | None:
     head = store.head()
     if head is None or not store.exists(receipt_path, head):
@@ -178,17 +193,7 @@ def pack_shard(
             shard_path=shard_path,
             size=info.size,
             sha256=info.sha256,
-            samples=tuple(
-                ReceiptSample(
-                    id=m.id,
-                    pt_size=m.pt_size,
-                    pt_sha256=m.pt_sha256,
-                    json_size=m.json_size,
-                    json_sha256=m.json_sha256,
-                    group=g,
-                )
-                for m, g in zip(info.members, groups, strict=True)
-            ),
+            samples=receipt_samples(info.members, groups),
             dims={k: v for k, v in bound.items() if k in sch.pinned_symbols},
             created_at=_now(),
             source=source,
@@ -637,17 +642,7 @@ def import_shards(
                 shard_path=shard_path,
                 size=e.size,
                 sha256=e.sha256,
-                samples=tuple(
-                    ReceiptSample(
-                        id=mi.id,
-                        pt_size=mi.pt_size,
-                        pt_sha256=mi.pt_sha256,
-                        json_size=mi.json_size,
-                        json_sha256=mi.json_sha256,
-                        group=g,
-                    )
-                    for mi, g in zip(members, groups, strict=True)
-                ),
+                samples=receipt_samples(members, groups),
                 created_at=_now(),
                 source=SourceRef(repo=source_repo, revision=e.revision, path=e.path, sha256=e.sha256),
             )
