@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from gc25d_core.config import TextConfig
+from gc25d_core.hashing import sha256_file
 from gc25d_core.timeline import cell_blocks
 
 NULL_KEY = "__null__"
@@ -192,14 +193,6 @@ def validate_table(table: object, cfg: TextConfig, data: TextData | None = None,
     return table
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def materialize_table(cfg) -> dict[str, object]:
     """Write <data_root>/text_table_gc25d.pt: a byte copy of the configured table (hash-checked,
     validated before use) or the synthetic table. Returns metadata (keys, shape, sha256, source)."""
@@ -213,7 +206,7 @@ def materialize_table(cfg) -> dict[str, object]:
         src = Path(tcfg.table_path)
         if not src.is_file():
             raise FileNotFoundError(f"text.table_path {src} does not exist")
-        digest = _sha256_file(src)
+        digest = sha256_file(src)
         if tcfg.table_sha256 and digest != tcfg.table_sha256:
             raise ValueError(f"{src}: sha256 {digest} differs from text.table_sha256 {tcfg.table_sha256}")
         validate_table(torch.load(src, map_location="cpu", weights_only=True), tcfg, data, where=str(src))
@@ -224,7 +217,7 @@ def materialize_table(cfg) -> dict[str, object]:
         with atomic_path(out) as tmp:
             torch.save(table, tmp)
         source = "synthetic"
-    digest = _sha256_file(out)
+    digest = sha256_file(out)
     return {
         "path": str(out),
         "source": source,

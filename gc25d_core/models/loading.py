@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gc25d_core.hashing import sha256_file
 from gc25d_core.models.configs import WAN22_TI2V_5B_HASH, DiTConfig, full_config
 from gc25d_core.models.export import ExportMeta, read_export
 from gc25d_core.models.sem_cond import SEM_COND_NAME, SemCondEncoder, sem_cond_keys
@@ -30,14 +30,6 @@ SHARD_GLOB = "diffusion_pytorch_model*.safetensors"
 
 class WeightsError(ValueError):
     """Weights failed verification: missing file, digest mismatch, wrong key set."""
-
-
-def sha256_file(path: Path | str, chunk_bytes: int = 16 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_sha256(paths: Iterable[Path | str], expected: Mapping[str, str]) -> None:
