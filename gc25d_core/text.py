@@ -17,6 +17,7 @@ Priority when several are set: attack > dodge > stance > move. The text table ma
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -206,18 +207,20 @@ def materialize_table(cfg) -> dict[str, object]:
         src = Path(tcfg.table_path)
         if not src.is_file():
             raise FileNotFoundError(f"text.table_path {src} does not exist")
-        digest = sha256_file(src)
+        blob = src.read_bytes()  # read once: the bytes hashed are the bytes loaded and copied
+        digest = hashlib.sha256(blob).hexdigest()
         if tcfg.table_sha256 and digest != tcfg.table_sha256:
             raise ValueError(f"{src}: sha256 {digest} differs from text.table_sha256 {tcfg.table_sha256}")
-        validate_table(torch.load(src, map_location="cpu", weights_only=True), tcfg, data, where=str(src))
-        atomic_write_bytes(out, src.read_bytes())
+        table = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        validate_table(table, tcfg, data, where=str(src))
+        atomic_write_bytes(out, blob)
         source = str(src)
     else:
         table = synthetic_table(tcfg, data)
         with atomic_path(out) as tmp:
             torch.save(table, tmp)
         source = "synthetic"
-    digest = sha256_file(out)
+        digest = sha256_file(out)
     return {
         "path": str(out),
         "source": source,
