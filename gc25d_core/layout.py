@@ -26,6 +26,7 @@ import torch
 
 from gc25d_core.atomic import atomic_path
 from gc25d_core.config import Gc25dConfig, GeometryConfig, TimelineConfig
+from gc25d_core.vocab import invalid_values
 
 LATENT_CHANNELS = 48
 NUM_CAPSULES = 12
@@ -179,28 +180,26 @@ def _expect_keys(path: Path, arrays: dict[str, Any], keys: set[str]) -> None:
         )
 
 
-def validate_cond(path: Path, arrays: dict[str, np.ndarray], shapes: Shapes) -> dict[str, np.ndarray]:
-    from gc25d_core.vocab import invalid_values
-
-    _expect_keys(path, arrays, {"ids"})
-    _expect(path, arrays, "ids", np.uint8, shapes.cond)
-    bad = invalid_values(arrays["ids"], "parts")
+def _check_parts_ids(path: Path, ids: np.ndarray) -> None:
+    bad = invalid_values(ids, "parts")
     if bad:
         raise LayoutError(f"{path}: key 'ids' holds values {bad} outside the parts vocab")
+
+
+def validate_cond(path: Path, arrays: dict[str, np.ndarray], shapes: Shapes) -> dict[str, np.ndarray]:
+    _expect_keys(path, arrays, {"ids"})
+    _expect(path, arrays, "ids", np.uint8, shapes.cond)
+    _check_parts_ids(path, arrays["ids"])
     return arrays
 
 
 def validate_cond_ext(path: Path, arrays: dict[str, np.ndarray], shapes: Shapes) -> dict[str, np.ndarray]:
-    from gc25d_core.vocab import invalid_values
-
     n = shapes.timeline.num_ext_cells
     _expect_keys(path, arrays, {"ids", "blocks", "prompts"})
     _expect(path, arrays, "ids", np.uint8, shapes.cond_ext)
     _expect(path, arrays, "blocks", np.uint8, (n, 5))
     _expect(path, arrays, "prompts", "U", (n,))
-    bad = invalid_values(arrays["ids"], "parts")
-    if bad:
-        raise LayoutError(f"{path}: key 'ids' holds values {bad} outside the parts vocab")
+    _check_parts_ids(path, arrays["ids"])
     return arrays
 
 
