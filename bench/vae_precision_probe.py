@@ -1,15 +1,20 @@
 """Probe: VAE38 encode speed and error for precision / memory-format options (one clip, random weights).
 
 Errors are relative to an fp32 encode with TF32 off. Prints JSON lines. GPU only.
-    python bench/vae_precision_probe.py
+    python bench/vae_precision_probe.py            # every variant
+    python bench/vae_precision_probe.py --lean     # the lean-ops variants + a kernel profile of each
 """
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from gc25d_core.compat import import_diffsynth
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gc25d_core.compat import import_diffsynth  # noqa: E402
 
 import_diffsynth()
 from diffsynth.models.wan_video_vae import WanVideoVAE38  # noqa: E402
@@ -62,14 +67,58 @@ def report(probe, fn, clips=1):
     )
 
 
+def profile(probe, fn, top=12):
+    """The CUDA kernels that take the most time in one encode."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    rows = sorted(p.key_averages(), key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in p.key_averages())
+    print(
+        json.dumps(
+            {
+                "probe": f"profile_{probe}",
+                "cuda_total_s": total / 1e6,
+                "top": [[e.key[:60], round(e.self_device_time_total / 1e6, 4), e.count] for e in rows[:top]],
+            }
+        ),
+        flush=True,
+    )
+
+
+def channels_last():
+    for m in vae.model.modules():  # only the 5-D conv weights take the channels-last-3d layout
+        if isinstance(m, torch.nn.Conv3d):
+            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+
+
+if "--lean" in sys.argv:
+    from gc25d_core.models.vae import lean_vae_ops
+
+    torch.backends.cudnn.benchmark = True
+    channels_last()
+    vid_cl = vid.contiguous(memory_format=torch.channels_last_3d)
+    report("fp32_channels_last_3d", lambda: enc(vid_cl))
+    profile("fp32_channels_last_3d", lambda: enc(vid_cl))
+    lean_vae_ops(vae)
+    report("fp32_channels_last_3d_lean", lambda: enc(vid_cl))
+    profile("fp32_channels_last_3d_lean", lambda: enc(vid_cl))
+    vid2 = vid.repeat(2, 1, 1, 1, 1).contiguous(memory_format=torch.channels_last_3d)
+    report("fp32_channels_last_3d_lean_batch2", lambda: enc(vid2), clips=2)
+    report("fp16_channels_last_3d_lean", lambda: enc(vid_cl, torch.float16))
+    sys.exit(0)
+
 report("fp32_tf32conv", lambda: enc(vid))
 torch.backends.cudnn.benchmark = True
 report("fp32_tf32conv_cudnn_benchmark", lambda: enc(vid))
 report("autocast_fp16", lambda: enc(vid, torch.float16))
 report("autocast_bf16", lambda: enc(vid, torch.bfloat16))
-for m in vae.model.modules():  # only the 5-D conv weights take the channels-last-3d layout
-    if isinstance(m, torch.nn.Conv3d):
-        m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+channels_last()
 vid_cl = vid.contiguous(memory_format=torch.channels_last_3d)
 report("fp32_channels_last_3d", lambda: enc(vid_cl))
 report("fp16_channels_last_3d", lambda: enc(vid_cl, torch.float16))

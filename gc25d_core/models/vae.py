@@ -18,7 +18,12 @@ import torch
 from gc25d_core.compat import import_diffsynth
 
 import_diffsynth()
-from diffsynth.models.wan_video_vae import VideoVAE38_, WanVideoVAE38  # noqa: E402
+from diffsynth.models.wan_video_vae import (  # noqa: E402
+    CausalConv3d,
+    RMS_norm,
+    VideoVAE38_,
+    WanVideoVAE38,
+)
 
 VAE38_KEY_HASH = "e1de6c02cdac79f8b739f4d3698cd216"
 Z_DIM = 48
@@ -37,6 +42,72 @@ class TinyWanVideoVAE38(WanVideoVAE38):
         self.model = VideoVAE38_(dim=dim, dec_dim=dec_dim, z_dim=z_dim).eval().requires_grad_(False)
         self.upsampling_factor = SPATIAL_STRIDE
         self.z_dim = z_dim
+
+
+class LeanCausalConv3d(CausalConv3d):
+    """DiffSynth's ``CausalConv3d`` with the same result and fewer full-tensor copies.
+
+    DiffSynth concatenates the time cache and then ``F.pad``s time *and* space: two copies of every
+    conv input. Here the spatial zero padding is the convolution's own (cuDNN pads on the fly) and the
+    causal time prefix (zeros, then cached frames) is written into one buffer with ``x``: one copy,
+    none for 1x1x1 convs. Written by hand because the layer is DiffSynth's; the class swap keeps
+    its weights, its isinstance checks and its state-dict keys.
+    """
+
+    def forward(self, x: torch.Tensor, cache_x: torch.Tensor | None = None) -> torch.Tensor:
+        pad_w, _, pad_h, _, pad_t, _ = self._padding
+        n_cache = cache_x.shape[2] if cache_x is not None and pad_t > 0 else 0
+        n_zero = max(pad_t - n_cache, 0)
+        if pad_t > 0:
+            b, c, t, h, w = x.shape
+            cl3d = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
+            fmt = torch.channels_last_3d if cl3d else torch.contiguous_format
+            buf = torch.empty(
+                (b, c, n_zero + n_cache + t, h, w), dtype=x.dtype, device=x.device, memory_format=fmt
+            )
+            buf[:, :, :n_zero].zero_()
+            if n_cache:
+                assert cache_x is not None
+                buf[:, :, n_zero : n_zero + n_cache].copy_(cache_x)
+            buf[:, :, n_zero + n_cache :].copy_(x)
+            x = buf
+        return torch.nn.functional.conv3d(
+            x, self.weight, self.bias, self.stride, (0, pad_h, pad_w), self.dilation, self.groups
+        )
+
+
+class LeanRMSNorm(RMS_norm):
+    """DiffSynth's channel-first ``RMS_norm`` (``normalize(x, dim=1) * sqrt(C) * gamma + bias``) as one
+    fused ``F.rms_norm(x) * gamma`` over the innermost dim when ``x`` is channels-last-3d (a free
+    permute): x * sqrt(C) / ||x|| = x / rms(x), so only rounding differs (and the eps: 1e-12 on the
+    norm there, 1e-24 on the mean square here). Other layouts take DiffSynth's path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (
+            self.channel_first
+            and x.ndim == 5
+            and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last_3d)
+        ):
+            return super().forward(x)
+        weight = self.gamma.reshape(-1)
+        if isinstance(self.bias, torch.Tensor):
+            y = torch.nn.functional.rms_norm(x.permute(0, 2, 3, 4, 1), weight.shape, None, eps=1e-24)
+            y = y * weight + self.bias.reshape(-1)
+        else:
+            y = torch.nn.functional.rms_norm(x.permute(0, 2, 3, 4, 1), weight.shape, weight, eps=1e-24)
+        return y.permute(0, 4, 1, 2, 3)
+
+
+def lean_vae_ops(vae: torch.nn.Module) -> torch.nn.Module:
+    """Swap DiffSynth's causal convs and RMS norms for the lean versions above (in place; weights,
+    keys and results unchanged up to rounding)."""
+    for m in vae.modules():
+        if type(m) is CausalConv3d:
+            m.__class__ = LeanCausalConv3d
+        elif type(m) is RMS_norm:
+            m.__class__ = LeanRMSNorm
+    return vae
 
 
 def build_vae(tiny: bool = False, device: Any = "cpu") -> WanVideoVAE38:

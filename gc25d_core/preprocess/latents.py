@@ -76,6 +76,15 @@ def build_vae_for(cfg: Gc25dConfig, device: torch.device):
         raise ValueError("vae.path and vae.sha256 must be set to encode with real weights")
     else:
         vae = load_vae(cfg.vae.path, expected_sha256=cfg.vae.sha256, device=device)
+    return speed_up_vae(vae, cfg, device)
+
+
+def speed_up_vae(vae, cfg: Gc25dConfig, device: torch.device):
+    """The encode-speed options of ``cfg.vae`` that keep the SPEC's numerics (fp32, TF32 convs)."""
+    from gc25d_core.models.vae import lean_vae_ops
+
+    if cfg.vae.lean_ops:
+        lean_vae_ops(vae)
     if cfg.vae.channels_last_3d and device.type == "cuda":
         to_channels_last_3d(vae)
     return vae

@@ -53,3 +53,68 @@ def test_load_vae_refuses_wrong_digest_and_layout(tmp_path):
         load_vae(path, expected_sha256="0" * 64)
     with pytest.raises(WeightsError, match="key hash"):
         load_vae(path, expected_sha256=sha256_file(path))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("n_cache", [None, 1, 2])
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_lean_causal_conv_matches_diffsynth(kernel, n_cache, channels_last):
+    """Same output as DiffSynth's CausalConv3d for every cache length the encoder passes, one layout
+    in, the same layout out."""
+    from diffsynth.models.wan_video_vae import CausalConv3d
+
+    from gc25d_core.models.vae import LeanCausalConv3d
+
+    torch.manual_seed(kernel)
+    ref = CausalConv3d(6, 5, kernel, padding=kernel // 2)
+    lean = CausalConv3d(6, 5, kernel, padding=kernel // 2)
+    lean.load_state_dict(ref.state_dict())
+    lean.__class__ = LeanCausalConv3d
+    fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
+    x = torch.randn(2, 6, 4, 7, 9).contiguous(memory_format=fmt)
+    cache = None if n_cache is None else torch.randn(2, 6, n_cache, 7, 9)
+    with torch.no_grad():
+        want, got = ref(x, cache), lean(x, cache)
+    assert got.shape == want.shape == (2, 5, 4, 7, 9)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_lean_rms_norm_matches_diffsynth_in_channels_last():
+    from diffsynth.models.wan_video_vae import RMS_norm
+
+    from gc25d_core.models.vae import LeanRMSNorm
+
+    for bias in (False, True):
+        ref = RMS_norm(16, images=False, bias=bias)
+        with torch.no_grad():
+            ref.gamma.uniform_(0.5, 1.5)
+            if bias:
+                ref.bias.normal_()
+        lean = RMS_norm(16, images=False, bias=bias)
+        lean.load_state_dict(ref.state_dict())
+        lean.__class__ = LeanRMSNorm
+        x = torch.randn(2, 16, 3, 5, 7)
+        x[0, :, 0, 0, 0] = 0.0  # an all-zero channel vector stays zero (no NaN)
+        x_cl = x.contiguous(memory_format=torch.channels_last_3d)
+        with torch.no_grad():
+            want = ref(x)
+            got = lean(x_cl)
+            got_plain = lean(x)
+        assert got.is_contiguous(memory_format=torch.channels_last_3d)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_plain, want, rtol=0, atol=0)  # other layouts: DiffSynth's path
+
+
+def test_lean_vae_ops_keeps_keys_and_encode():
+    import copy
+
+    from gc25d_core.models.vae import LeanCausalConv3d, LeanRMSNorm, lean_vae_ops
+
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True)
+    lean = lean_vae_ops(copy.deepcopy(vae))
+    assert any(type(m) is LeanCausalConv3d for m in lean.modules())
+    assert any(type(m) is LeanRMSNorm for m in lean.modules())
+    assert vae_key_hash(lean) == vae_key_hash(vae)
+    video = torch.rand(2, 3, 9, 64, 96) * 2 - 1
+    torch.testing.assert_close(encode_video(lean, video), encode_video(vae, video), rtol=1e-5, atol=1e-5)
