@@ -194,6 +194,9 @@ class SftConfig(Strict):
     state_slots: int = Field(default=2, ge=1)
     log_every: int = Field(default=1, ge=1)
     export_final: bool = True
+    state_final: bool = Field(
+        default=True, description="save the full state at the last step (benchmarks turn it off)"
+    )
     deterministic: bool = False
     seed: int = 0
     data_tag: str = "v10"
@@ -1115,6 +1118,8 @@ class SftTrainer:
                     samples_per_s=samples_per_step / dt if dt > 0 else 0.0,
                     eta_s=(target - step) / rate if rate > 0 else float("nan"),
                 )
+                if self.device.type == "cuda":
+                    record["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 self.metrics.append(record)
                 self.rep.metrics(step=step, **{k: v for k, v in record.items() if k != "step"})
             final = step == target
@@ -1124,7 +1129,7 @@ class SftTrainer:
                 self.rep.metrics(step=step, **{f"val_{k}": v for k, v in last_val.items()})
             if step % sft.save_every == 0 or (final and sft.export_final):
                 self.export(step)
-            if step % sft.state_every == 0 or final:
+            if step % sft.state_every == 0 or (final and sft.state_final):
                 self.save_state(step)
         return self._finish(start_step, step, target, last_val)
 

@@ -115,14 +115,14 @@ def write_synthetic_latents(
     )
 
 
-def write_clips(cfg: Gc25dConfig) -> list[str]:
+def write_clips(cfg: Gc25dConfig, starts: tuple[int, ...] = STARTS) -> list[str]:
     layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
     data = text_data(cfg.text)
     rows, runs = [], {}
     for run in (VAL_RUN, *TRAIN_RUNS):
         split = "val" if run == VAL_RUN else "train"
         runs[run] = split
-        for s in STARTS:
+        for s in starts:
             cid = clip_id("arena", run, s)
             rng = np.random.default_rng(len(rows) + 7)
             rows.append(synthetic_row(run, s, split))
@@ -138,20 +138,28 @@ def write_clips(cfg: Gc25dConfig) -> list[str]:
     return [r.clip_id for r in rows]
 
 
-def sft_world(root: Path, sft: dict[str, Any] | None = None) -> Gc25dConfig:
-    """Processed layout + published cache under ``root``; returns the tiny config with extra.sft."""
-    cfg = load_config(
-        "tiny",
-        {
-            "paths": {"data_root": str(root / "data"), "runs_root": str(root / "runs")},
-            "raw": {"root": str(root / "raw")},
-            "index": {"val_runs": [VAL_RUN]},
-            "cache": {"store": str(root / "cache"), "samples_per_shard": 2},
-        },
-    )
-    write_clips(cfg)
+def sft_world(
+    root: Path,
+    sft: dict[str, Any] | None = None,
+    *,
+    preset: str = "tiny",
+    starts: tuple[int, ...] = STARTS,
+    overrides: dict[str, Any] | None = None,
+) -> Gc25dConfig:
+    """Processed layout + published cache under ``root`` (one shard per run); returns the ``preset``
+    config with extra.sft = configs/sft/<preset>.yaml merged with ``sft``."""
+    from gc25d_core.config import deep_merge
+
+    base: dict[str, Any] = {
+        "paths": {"data_root": str(root / "data"), "runs_root": str(root / "runs")},
+        "raw": {"root": str(root / "raw")},
+        "index": {"val_runs": [VAL_RUN]},
+        "cache": {"store": str(root / "cache"), "samples_per_shard": len(starts)},
+    }
+    cfg = load_config(preset, deep_merge(base, overrides or {}))
+    write_clips(cfg, starts)
     pack_and_publish(cfg)
-    return with_sft(cfg, "tiny", sft)
+    return with_sft(cfg, preset, sft)
 
 
 def write_config(cfg: Gc25dConfig, path: Path) -> Path:

@@ -1,0 +1,218 @@
+"""SFT step time, MFU and peak memory through the real entry point (issue 7), beside the plain stack.
+
+Builds a synthetic processed world at the v10 shapes (latents [48,21,30,52], cond [81,480,832], meta,
+index; tests/train/world.py) and publishes its training cache, then for each variant launches
+
+    torchrun --nproc_per_node=N -m gc25d_core.jobs.sft --config <variant>.yaml --run-dir <dir>
+
+(full Wan2.2-TI2V-5B GcDiT, random init, ZeRO-2 bf16, micro 1 x GA 2 per GPU), and finally
+``torchrun bench/plain_zero2.py 5b <steps>`` (plain DiffSynth WanModel, ZeRO-2, GA 1, full
+checkpointing) in the same lease. Prints one JSON object per line; the last is the summary.
+
+MFU per GPU = 3 * (2*P_blocks*s + 4*L*s^2*d + 4*L*s*512*d) * clips_per_gpu_step / step_s / 989e12,
+the formula of plain_zero2.py (s = 8190 tokens, P_blocks = parameters under ``blocks.``).
+
+Usage: python3 bench/bench_sft_h200.py --root /tmp/sftb --nproc 2 --steps 20 \\
+           --variants nockpt_fused,ckpt4_fused [--plain-steps 10]
+       python3 bench/bench_sft_h200.py --tiny --nproc 2 --steps 4   # CPU smoke (tiny preset, gloo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PEAK_TFLOPS = 989.0
+TEXT_LEN = 512
+# variant name -> extra.sft model overrides
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ckpt_all": {"gradient_checkpointing": True},
+    "ckpt_all_fused": {"gradient_checkpointing": True, "overrides": {"fused_rmsnorm": True}},
+    "nockpt_fused": {"gradient_checkpointing": False, "overrides": {"fused_rmsnorm": True}},
+    "ckpt4_fused": {
+        "gradient_checkpointing": True,
+        "checkpoint_blocks": 4,
+        "overrides": {"fused_rmsnorm": True},
+    },
+    "ckpt8_fused": {
+        "gradient_checkpointing": True,
+        "checkpoint_blocks": 8,
+        "overrides": {"fused_rmsnorm": True},
+    },
+}
+
+
+def emit(**kw: Any) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def build_world(root: Path, tiny: bool, starts: int, steps: int):
+    from tests.train.world import sft_world
+
+    sft = {
+        "max_steps": steps,
+        "save_every": 10**6,
+        "state_every": 10**6,
+        "export_final": False,
+        "state_final": False,
+        "log_every": 1,
+        "model": {"init": "random"},
+        "val": {"every": 10**6, "num_clips": 2},
+    }
+    overrides: dict[str, Any] = {}
+    if not tiny:
+        overrides = {"text": {"table_path": None}, "index": {"drop_lists": []}}
+    t0 = time.perf_counter()
+    cfg = sft_world(
+        root,
+        sft,
+        preset="tiny" if tiny else "v10",
+        starts=tuple(96 * i for i in range(starts)),
+        overrides=overrides,
+    )
+    emit(probe="world", s=time.perf_counter() - t0, root=str(root), clips_per_run=starts)
+    return cfg
+
+
+def block_flops(tiny: bool) -> tuple[float, dict[str, Any]]:
+    """Training FLOPs of one clip (forward + backward = 3x forward) by plain_zero2.py's formula."""
+    import torch
+
+    from gc25d_core.models.configs import build_gcdit, full_config, tiny_config
+
+    dit = tiny_config() if tiny else full_config()
+    with torch.device("meta"):
+        model = build_gcdit(dit, device=torch.device("meta"), dtype=torch.bfloat16)
+    p_blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
+    hw = (4, 6) if tiny else (30, 52)
+    s = 21 * hw[0] * hw[1] // 4
+    d, layers = dit.dim, dit.num_layers
+    f = 3 * (2 * p_blocks * s + 4 * layers * s * s * d + 4 * layers * s * TEXT_LEN * d)
+    return f, {"block_params": p_blocks, "tokens": s}
+
+
+def torchrun(nproc: int, args: list[str], log: Path, env: dict[str, str]) -> tuple[int, float]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    return rc, time.perf_counter() - t0
+
+
+def tail(path: Path, n: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def summarize(
+    records: list[dict[str, Any]], warm: int, flops_per_gpu_step: float, key: str
+) -> dict[str, Any]:
+    steady = [r[key] for r in records[warm:]]
+    if not steady:
+        return {"steps_measured": 0}
+    med, mean = statistics.median(steady), statistics.fmean(steady)
+    return {
+        "steps_measured": len(steady),
+        "step_s_median": med,
+        "step_s_mean": mean,
+        "step_s_min": min(steady),
+        "mfu_median": flops_per_gpu_step / med / (PEAK_TFLOPS * 1e12),
+        "mfu_mean": flops_per_gpu_step / mean / (PEAK_TFLOPS * 1e12),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path("/tmp/gc25d_sft_bench"))
+    ap.add_argument("--out", type=Path, default=None, help="logs folder (default <root>/logs)")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warm", type=int, default=4, help="steps left out of the steady state")
+    ap.add_argument("--clips-per-run", type=int, default=6)
+    ap.add_argument("--variants", default="nockpt_fused")
+    ap.add_argument("--plain-steps", type=int, default=10, help="0: skip plain_zero2.py")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args(argv)
+
+    from gc25d_core.config import write_resolved
+    from gc25d_core.train.sft import with_sft
+
+    out = args.out or args.root / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = build_world(args.root, args.tiny, args.clips_per_run, args.steps)
+    flops_clip, info = block_flops(args.tiny)
+    sft = cfg.extra["sft"]
+    clips_per_gpu_step = sft["micro_batch"] * sft["grad_accum"]
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    summary: dict[str, Any] = {
+        "probe": "summary",
+        "nproc": args.nproc,
+        **info,
+        "clips_per_gpu_step": clips_per_gpu_step,
+    }
+    for name in [v for v in args.variants.split(",") if v]:
+        vcfg = with_sft(cfg, cfg.extra["sft"], {"model": VARIANTS[name]})
+        config = write_resolved(vcfg, args.root, f"sft_{name}.yaml")
+        run_dir = args.root / "runs" / name
+        log = out / f"sft_{name}.log"
+        rc, wall = torchrun(
+            args.nproc,
+            ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run_dir), "--fresh"],
+            log,
+            env,
+        )
+        metrics = run_dir / "metrics.jsonl"
+        records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+        res = {
+            "rc": rc,
+            "wall_s": wall,
+            **summarize(records, args.warm, flops_clip * clips_per_gpu_step, "step_s"),
+            "peak_mem_gib": max((r["peak_mem_gib"] for r in records if "peak_mem_gib" in r), default=None),
+            "loss_first_last": [records[0]["loss"], records[-1]["loss"]] if records else None,
+        }
+        emit(probe="sft", variant=name, **res, step_s=[round(r["step_s"], 4) for r in records])
+        if rc != 0:
+            print(tail(log), flush=True)
+        summary[f"ours_{name}"] = res
+    if args.plain_steps > 0:
+        log = out / "plain_zero2.log"
+        rc, wall = torchrun(
+            args.nproc,
+            [str(ROOT / "bench" / "plain_zero2.py"), "tiny" if args.tiny else "5b", str(args.plain_steps)],
+            log,
+            env,
+        )
+        records = []
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"zero2_step"' in line:
+                records.append(json.loads(line))
+        res = {
+            "rc": rc,
+            "wall_s": wall,
+            **summarize(records, min(args.warm, max(len(records) - 1, 0)), flops_clip, "s"),
+            "peak_mem_gib": max(
+                (r["peak_gib"] for r in records if r.get("peak_gib") is not None), default=None
+            ),
+            "mfu_reported_median": statistics.median([r["mfu_vs_989"] for r in records[2:]])
+            if len(records) > 2 and records[0].get("mfu_vs_989") is not None
+            else None,
+        }
+        emit(probe="plain_zero2", **res, step_s=[round(r["s"], 4) for r in records])
+        if rc != 0:
+            print(tail(log), flush=True)
+        summary["plain_zero2"] = res
+    emit(**summary)
+
+
+if __name__ == "__main__":
+    main()
