@@ -411,7 +411,7 @@ class StreamingCache(IterableDataset):
     ) -> ShardEvent:
         return ShardEvent(self.epoch, sh.path, sh.sha256, ok, kind, sample, offset, msg)
 
-    def _decode(self, sh: ShardEntry, index: int, sid: str, offset: int, pt: bytes, js: bytes) -> Sample:
+    def _decode(self, sh: ShardEntry, index: int, sid: str, offset: int, pt: memoryview, js: bytes) -> Sample:
         def err(reason: str) -> ShardError:
             return ShardError(reason, shard=sh.path, sample=sid, offset=offset)
 

@@ -7,6 +7,9 @@ Reader (``iter_verified_members``), per research/streaming_anchors.md:
 - stdlib ``tarfile`` in ``'r|'`` mode over ``HashingReader``, which counts every byte that passes
   and feeds the whole-TAR SHA256 (in a helper thread: hashlib releases the GIL, so the TAR hash
   and the per-member hash run on two cores);
+- tarfile parses every header; a member's payload is read straight from the same reader into
+  one buffer of its own (no join/slice copies), which both hash threads read in place and
+  ``torch.load`` reads from; nobody may change it (it is handed out read-only);
 - every member is checked against the expected listing *before* its data is read: regular file,
   safe name, exact name ``<id>.pt`` / ``<id>.json`` in order, exact size;
 - each member's bytes are hashed and compared before anyone may deserialise them;
@@ -21,13 +24,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import queue
 import tarfile
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, cast
 
 from gc25d_core.cache.errors import HttpStreamError, ShardError
 from gc25d_core.cache.manifest import JSON_SUFFIX, PT_SUFFIX, canonical_json, check_sample_id
@@ -83,11 +86,45 @@ def encode_json(meta: Mapping[str, Any] | bytes) -> bytes:
     return canonical_json(dict(meta))
 
 
-def deserialize_pt(data: bytes) -> Any:
+class _BufferFile(io.RawIOBase):
+    """Seekable read-only file over a buffer, without copying it (``io.BytesIO`` copies anything
+    but ``bytes``). torch.load reads each record with ``readinto`` straight into its storage."""
+
+    def __init__(self, data: bytes | bytearray | memoryview):
+        super().__init__()
+        self._mv = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._mv)}[whence]
+        if base + pos < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + pos
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self._mv) - self._pos))
+        out[:n] = self._mv[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+def deserialize_pt(data: bytes | bytearray | memoryview) -> Any:
     """The only place PT bytes become objects; callers pass bytes whose SHA256 already matched."""
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    f = io.BytesIO(data) if isinstance(data, bytes) else cast(IO[bytes], _BufferFile(data))
+    return torch.load(f, weights_only=True, map_location="cpu")
 
 
 def deserialize_json(data: bytes) -> Any:
@@ -141,9 +178,72 @@ def write_shard(f: IO[bytes], samples: Iterable[tuple[str, bytes, bytes]]) -> Sh
 # reading
 
 
-class HashingReader:
-    """File-like ``read`` that counts bytes and SHA256s them (optionally in a helper thread).
+_HASH_PIECE = 8 << 20  # largest single update handed to the hash thread (one GIL round trip each)
+_HASH_BUDGET = 64 << 20  # bytes read but not yet hashed before the reader waits for the hash thread
 
+
+class _Sha256Thread:
+    """SHA256 of a byte sequence fed in order from one thread, computed on a helper thread.
+
+    ``feed`` takes bytes or (read-only) memoryviews without copying; the caller must not change
+    them afterwards. At most ``budget`` bytes wait (the reader blocks beyond that), so memory stays
+    bounded while a slow hash catches up. hashlib drops the GIL for updates over 2 KiB.
+    """
+
+    def __init__(self, budget: int = _HASH_BUDGET):
+        self._h = hashlib.sha256()
+        self._items: deque[bytes | memoryview] = deque()
+        self._waiting = 0
+        self._budget = budget
+        self._closed = False
+        self._cv = threading.Condition()
+        self._t = threading.Thread(target=self._run, name="tar-sha256", daemon=True)
+        self._t.start()
+
+    def feed(self, b: bytes | memoryview) -> None:
+        n = len(b)
+        with self._cv:
+            while self._waiting and self._waiting + n > self._budget:
+                self._cv.wait()
+            self._items.append(b)
+            self._waiting += n
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._items and not self._closed:
+                    cv.wait()
+                if not self._items:
+                    return
+                b = self._items.popleft()
+            self._h.update(b)
+            with cv:
+                self._waiting -= len(b)
+                cv.notify_all()
+
+    def hexdigest(self) -> str:
+        """Wait for everything fed so far; the digest of all of it (no more feeding after)."""
+        self.stop()
+        return self._h.hexdigest()
+
+    def stop(self, *, discard: bool = False) -> None:
+        with self._cv:
+            if discard:
+                self._items.clear()
+                self._waiting = 0
+            self._closed = True
+            self._cv.notify_all()
+        self._t.join()
+
+
+class HashingReader:
+    """File-like reader that counts bytes and SHA256s them (optionally on a helper thread).
+
+    ``read(n)`` serves tarfile's header reads; ``readinto_exact`` fills a caller's buffer straight
+    from ``raw`` (member payloads: no intermediate copies). Every byte passes exactly once, in
+    stream order, through the count, the whole-TAR hash and ``sink``.
     ``limit``: more bytes than this is an error at once (a longer stream than the manifest says).
     ``sink``: every chunk is also written there (byte-for-byte import copy).
     """
@@ -160,35 +260,63 @@ class HashingReader:
         self.raw, self.limit, self.sink, self.chunk = raw, limit, sink, chunk
         self.count = 0
         self._h = hashlib.sha256()
-        self._q: queue.Queue[bytes | None] | None = None
-        self._t: threading.Thread | None = None
+        self._hasher = _Sha256Thread() if threaded else None
         self._digest: str | None = None
-        if threaded:
-            self._q = queue.Queue(maxsize=32)
-            self._t = threading.Thread(target=self._run, name="tar-sha256", daemon=True)
-            self._t.start()
+        self._raw_readinto: Callable[[memoryview], int | None] | None = getattr(raw, "readinto", None)
 
-    def _run(self) -> None:
-        assert self._q is not None
-        while True:
-            b = self._q.get()
-            if b is None:
-                return
+    def _account(self, b: bytes | memoryview) -> None:
+        self.count += len(b)
+        if self.limit is not None and self.count > self.limit:
+            raise _TooLong(self.count)
+        if self._hasher is not None:
+            if len(b) <= _HASH_PIECE:
+                self._hasher.feed(b)
+            else:
+                mv = memoryview(b)
+                for i in range(0, len(mv), _HASH_PIECE):
+                    self._hasher.feed(mv[i : i + _HASH_PIECE])
+        else:
             self._h.update(b)
+        if self.sink is not None:
+            self.sink.write(b)
 
     def read(self, n: int = -1) -> bytes:
         b = self.raw.read(self.chunk if n is None or n < 0 else n)
         if b:
-            self.count += len(b)
-            if self.limit is not None and self.count > self.limit:
-                raise _TooLong(self.count)
-            if self._q is not None:
-                self._q.put(b)
-            else:
-                self._h.update(b)
-            if self.sink is not None:
-                self.sink.write(b)
+            self._account(b)
         return b
+
+    def readinto_exact(self, out: memoryview) -> int:
+        """Fill ``out`` from the stream (less only at EOF); returns the bytes read. ``out`` is
+        hashed in place on the helper thread: it must not change afterwards."""
+        want = len(out)
+        if self.limit is not None:  # read at most one byte past the limit (then _TooLong)
+            want = min(want, max(self.limit - self.count + 1, 0))
+        got = 0
+        while got < want:  # at most ``chunk`` per call: a stream's own temporaries stay small
+            end = min(want, got + self.chunk)
+            if self._raw_readinto is not None:
+                k = self._raw_readinto(out[got:end]) or 0
+            else:
+                b = self.raw.read(end - got)
+                k = len(b)
+                out[got : got + k] = b
+            if k == 0:
+                break
+            got += k
+        if got:
+            self._account(out[:got].toreadonly())
+        return got
+
+    def read_exact(self, n: int) -> int:
+        """Read and account ``n`` bytes (fewer only at EOF); returns how many."""
+        got = 0
+        while got < n:
+            b = self.read(n - got)
+            if not b:
+                break
+            got += len(b)
+        return got
 
     def drain(self) -> int:
         """Read to EOF (hashing everything); return the bytes that were left."""
@@ -201,18 +329,12 @@ class HashingReader:
 
     def hexdigest(self) -> str:
         if self._digest is None:
-            self._stop()
-            self._digest = self._h.hexdigest()
+            self._digest = self._hasher.hexdigest() if self._hasher is not None else self._h.hexdigest()
         return self._digest
 
-    def _stop(self) -> None:
-        if self._t is not None and self._q is not None:
-            self._q.put(None)
-            self._t.join()
-            self._t = None
-
     def close(self) -> None:
-        self._stop()
+        if self._hasher is not None and self._digest is None:
+            self._hasher.stop(discard=True)  # abandoned or failed: the digest is not wanted
         close = getattr(self.raw, "close", None)
         if close is not None:
             close()
@@ -228,12 +350,13 @@ class _TooLong(Exception):
 class VerifiedMember:
     """One sample whose PT and JSON bytes matched the expected sizes and SHA256.
 
-    ``pt`` / ``json_bytes`` are None when the caller did not want the payload kept."""
+    ``pt`` (a read-only buffer) / ``json_bytes`` are None when the caller did not want the
+    payload kept."""
 
     index: int
     sample_id: str
     offset: int  # header offset of the .pt member
-    pt: bytes | None
+    pt: memoryview | None
     json_bytes: bytes | None
     info: MemberInfo
 
@@ -302,19 +425,58 @@ class _Reader:
         return ti
 
 
-def _read_data(tf: tarfile.TarFile, ti: tarfile.TarInfo, r: _Reader) -> bytes:
-    """A member's bytes, read from tarfile's own stream ('r|': forward only). Same bytes as
-    ``tf.extractfile(ti).read()`` without the extra buffered-reader copy."""
+def _stream_state_ok(stream: Any, hr: HashingReader) -> bool:
+    """tarfile's 'r|' stream object has the layout the direct payload read relies on."""
+    return (
+        getattr(stream, "fileobj", None) is hr
+        and type(getattr(stream, "buf", None)) is bytes
+        and type(getattr(stream, "pos", None)) is int
+    )
+
+
+def _new_buffer(size: int) -> memoryview:
+    """A writable buffer for one payload (numpy: no zero fill before it is overwritten)."""
+    import numpy as np
+
+    return np.empty(size, dtype=np.uint8).data.cast("B")
+
+
+def _read_member(tf: tarfile.TarFile, ti: tarfile.TarInfo, r: _Reader) -> memoryview:
+    """A member's bytes, read-only, in a buffer of its own; tarfile's position is advanced past
+    the member and its block padding, as ``tf.next()`` expects.
+
+    Same bytes as ``tf.extractfile(ti).read()``: read straight from the counting + hashing
+    reader into one buffer at the offset tarfile reports (tarfile's own 'r|' path joins and
+    slices every payload twice). tarfile keeps parsing every header."""
     stream: Any = tf.fileobj
-    if stream.tell() != ti.offset_data:
+    if stream.tell() != ti.offset_data:  # cannot happen: members are read in order, in full
         stream.seek(ti.offset_data)
-    data = stream.read(ti.size)
-    if len(data) != ti.size:
-        raise r.fail(f"member {ti.name!r}: unexpected end of data ({len(data)} of {ti.size} bytes)")
-    return data
+    size, hr = ti.size, r.hr
+    if hr.limit is not None and size > hr.limit - stream.tell():
+        raise r.fail(f"member {ti.name!r} claims {size} bytes, more than the listed TAR size holds")
+    if not _stream_state_ok(stream, hr):  # another tarfile layout: its own (copying) read
+        data = stream.read(size)
+        if len(data) != size:
+            raise r.fail(f"member {ti.name!r}: unexpected end of data ({len(data)} of {size} bytes)")
+        return memoryview(data)
+    pad = -size % tarfile.BLOCKSIZE
+    out = _new_buffer(size)
+    head: bytes = stream.buf  # bytes tarfile read ahead (already counted and hashed)
+    k = min(len(head), size)
+    out[:k] = head[:k]
+    got = k + (hr.readinto_exact(out[k:]) if k < size else 0)
+    if got != size:
+        raise r.fail(f"member {ti.name!r}: unexpected end of data ({got} of {size} bytes)")
+    tail = head[k:]
+    p = min(len(tail), pad)
+    if p < pad and hr.read_exact(pad - p) != pad - p:
+        raise r.fail(f"member {ti.name!r}: unexpected end of data in its block padding")
+    stream.buf = tail[p:]
+    stream.pos += size + pad
+    return out.toreadonly()
 
 
-def _sha_hex(b: bytes) -> str:
+def _sha_hex(b: bytes | memoryview) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
@@ -326,7 +488,7 @@ class _Pending:
     sid: str
     spec: MemberSpec | None
     pt_ti: tarfile.TarInfo
-    pt: bytes
+    pt: memoryview
     pt_sha: Future[str] | str
     js_ti: tarfile.TarInfo
     js: bytes
@@ -381,7 +543,7 @@ def iter_verified_members(
     pending: _Pending | None = None
     try:
         try:
-            tf = r.tf = tarfile.open(fileobj=hr, mode="r|", bufsize=chunk)  # type: ignore[call-overload]  # noqa: SIM115 (closed via hr)
+            tf = r.tf = tarfile.open(fileobj=hr, mode="r|", bufsize=tarfile.BLOCKSIZE)  # type: ignore[call-overload]  # noqa: SIM115 (closed via hr)
         except tarfile.TarError as e:
             raise r.fail(f"not a readable TAR: {e}", offset=0, sample=None) from None
         index = 0
@@ -416,10 +578,10 @@ def iter_verified_members(
                     ti = r.check_member(ti_any, sid + PT_SUFFIX, None)
                 sid = r.sample
                 assert sid is not None
-                pt = _read_data(tf, ti, r)
+                pt = _read_member(tf, ti, r)
                 pt_sha: Future[str] | str = pool.submit(_sha_hex, pt) if pool is not None else _sha_hex(pt)
                 tj = r.check_member(r.next(), sid + JSON_SUFFIX, None if spec is None else spec.json_size)
-                js = _read_data(tf, tj, r)
+                js = bytes(_read_member(tf, tj, r))
                 tf.members = []  # stream mode: do not keep every TarInfo
             except BaseException:
                 if pending is not None:  # the earlier sample's own mismatch is reported first
