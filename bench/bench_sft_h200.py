@@ -49,6 +49,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "checkpoint_blocks": 8,
         "overrides": {"fused_rmsnorm": True},
     },
+    "nockpt_fused_compile": {
+        "gradient_checkpointing": False,
+        "compile": True,
+        "overrides": {"fused_rmsnorm": True},
+    },
+    "ckpt4_fused_compile": {
+        "gradient_checkpointing": True,
+        "checkpoint_blocks": 4,
+        "compile": True,
+        "overrides": {"fused_rmsnorm": True},
+    },
 }
 
 
@@ -141,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default="nockpt_fused")
     ap.add_argument("--plain-steps", type=int, default=10, help="0: skip plain_zero2.py")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument(
+        "--profile", action="store_true", help="torch.profiler over steps 2-3 (left out by --warm 4)"
+    )
     args = ap.parse_args(argv)
 
     from gc25d_core.config import write_resolved
@@ -161,7 +175,10 @@ def main(argv: list[str] | None = None) -> None:
         "clips_per_gpu_step": clips_per_gpu_step,
     }
     for name in [v for v in args.variants.split(",") if v]:
-        vcfg = with_sft(cfg, cfg.extra["sft"], {"model": VARIANTS[name]})
+        extra: dict[str, Any] = {"model": VARIANTS[name]}
+        if args.profile:
+            extra["profile"] = {"start": 2, "steps": 2}
+        vcfg = with_sft(cfg, cfg.extra["sft"], extra)
         config = write_resolved(vcfg, args.root, f"sft_{name}.yaml")
         run_dir = args.root / "runs" / name
         log = out / f"sft_{name}.log"
@@ -183,6 +200,10 @@ def main(argv: list[str] | None = None) -> None:
         emit(probe="sft", variant=name, **res, step_s=[round(r["step_s"], 4) for r in records])
         if rc != 0:
             print(tail(log), flush=True)
+        ops = run_dir / "profile" / "ops.txt"
+        if ops.is_file():
+            (out / f"ops_{name}.txt").write_text(ops.read_text())
+            print("\n".join(ops.read_text().splitlines()[:28]), flush=True)
         summary[f"ours_{name}"] = res
     if args.plain_steps > 0:
         log = out / "plain_zero2.log"

@@ -111,6 +111,7 @@ class SftModelConfig(Strict):
     checkpoint_blocks: int | None = Field(
         default=None, description="recompute only the first N blocks (None: all)"
     )
+    compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
 
     @model_validator(mode="after")
     def _check(self) -> SftModelConfig:
@@ -131,6 +132,9 @@ class SftOptimConfig(Strict):
     eps: float = 1e-8
     warmup_steps: int = Field(default=500, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)
+    fused: bool | None = Field(
+        default=None, description="torch's fused AdamW kernel (None: on CUDA, off on CPU)"
+    )
 
 
 class SftDataConfig(Strict):
@@ -174,6 +178,13 @@ class ZeroConfig(Strict):
     allgather_bucket_size: int = 500_000_000
 
 
+class SftProfileConfig(Strict):
+    """torch.profiler over optimizer steps [start, start + steps) on rank 0 -> <run_dir>/profile/."""
+
+    start: int = Field(default=0, ge=0, description="first profiled step (0: off)")
+    steps: int = Field(default=2, ge=1)
+
+
 class SftPickConfig(Strict):
     """SPEC §10: the teacher = lowest mean cond val mse among steps ≥ min_step, latest within rel_tol."""
 
@@ -207,6 +218,7 @@ class SftConfig(Strict):
     val: SftValConfig = SftValConfig()
     zero: ZeroConfig = ZeroConfig()
     pick: SftPickConfig = SftPickConfig()
+    profile: SftProfileConfig = SftProfileConfig()
 
 
 def sft_config(cfg: Gc25dConfig) -> SftConfig:
@@ -341,6 +353,37 @@ class JsonlLog:
         if self.enabled and self.path.is_file():
             kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
             atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+
+class StepProfiler:
+    """torch.profiler over optimizer steps [start, start + steps) on rank 0: writes the kernel table
+    (``ops.txt``, by device time) and a Chrome trace to ``folder``. Inactive when start is 0."""
+
+    def __init__(self, cfg: SftProfileConfig, folder: Path, enabled: bool):
+        self.first, self.last = cfg.start, cfg.start + cfg.steps - 1
+        self.folder, self.enabled = folder, enabled and cfg.start > 0
+        self.prof: Any = None
+
+    def before(self, step: int) -> None:
+        if self.enabled and step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=acts, record_shapes=False)
+            self.prof.__enter__()
+
+    def after(self, step: int) -> None:
+        if self.prof is None or step != self.last:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        table = self.prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+        atomic_write_text(self.folder / "ops.txt", table)
+        self.prof.export_chrome_trace(str(self.folder / "trace.json"))
+        self.prof = None
 
 
 # ============================================================================== text
@@ -527,8 +570,14 @@ def _param_groups(model: torch.nn.Module, optim: SftOptimConfig) -> list[dict[st
 
 
 def build_optimizer(model: torch.nn.Module, optim: SftOptimConfig):
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    fused = on_cuda if optim.fused is None else optim.fused
     opt = torch.optim.AdamW(
-        _param_groups(model, optim), betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        _param_groups(model, optim),
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        fused=fused or None,  # one kernel over the flat fp32 partition instead of foreach passes
     )
     f = lr_lambda(optim.warmup_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, [f, f])
@@ -683,6 +732,8 @@ def build_model(cfg: Gc25dConfig, sft: SftConfig, device: torch.device, dtype: t
         if meta.dit_config.architecture() != dit_cfg.architecture():
             raise ValueError(f"init export {m.export_path} is {meta.dit_config}, the config asks {dit_cfg}")
     model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
+    if m.compile:
+        model.enable_compile()
     return model.train()
 
 
@@ -975,6 +1026,7 @@ class SftTrainer:
         carry no epoch, so marked later they would land in the new epoch's bitmask)."""
         ga = self.sft.grad_accum
         sums = np.zeros(10)
+        on_device = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, mse, sem, x: one sync
         keys_done: list[Any] = []
         grad_norm: float | None = None
         for micro in range(ga):
@@ -1003,12 +1055,16 @@ class SftTrainer:
                 self.engine.backward(loss)
             grad_norm = self.engine.step(boundary)
             st = _stats(self.engine.module)
+            zero = torch.zeros((), device=self.device)
+            on_device += torch.stack(
+                [loss.detach(), mse.detach(), st.get("sem_rms", zero), st.get("x_rms", zero)]
+            ).to(on_device)
             sums += [
-                float(loss.detach()),
-                float(mse.detach()),
+                0.0,
+                0.0,
                 t,
-                float(st["sem_rms"]) if "sem_rms" in st else 0.0,
-                float(st["x_rms"]) if "x_rms" in st else 0.0,
+                0.0,
+                0.0,
                 sum(p.text_dropped for p in prepared),
                 sum(p.cond_dropped for p in prepared),
                 sum(p.masked for p in prepared),
@@ -1016,6 +1072,7 @@ class SftTrainer:
                 sum(p.masked_frac for p in prepared),
             ]
         self.ds.mark_consumed(keys_done)
+        sums[[0, 1, 3, 4]] = on_device.tolist()
         tot = all_reduce(sums.tolist(), self.device)
         n_micro, n_samples = ga * self.world, tot[8]
         lr, cond_lr = self.engine.lrs()
@@ -1101,11 +1158,14 @@ class SftTrainer:
         last_val: dict[str, float] = {}
         train_s = 0.0
         step = start_step
+        profiler = StepProfiler(sft.profile, self.run_dir / "profile", self.rank == 0)
         while step < target:
             maybe_inject_fault(step + 1, self.rep.retry_number)
+            profiler.before(step + 1)
             t0 = time.perf_counter()
             record = self.train_step(step + 1)
             step += 1
+            profiler.after(step)
             dt = time.perf_counter() - t0
             train_s += dt
             progress.update(1)
