@@ -179,6 +179,7 @@ def write_shard(f: IO[bytes], samples: Iterable[tuple[str, bytes, bytes]]) -> Sh
 
 
 _HASH_PIECE = 8 << 20  # largest single update handed to the hash thread (one GIL round trip each)
+_HASH_FEED = 4 << 20  # a payload is handed to the hash thread in pieces of about this size
 _HASH_BUDGET = 64 << 20  # bytes read but not yet hashed before the reader waits for the hash thread
 
 
@@ -292,7 +293,7 @@ class HashingReader:
         want = len(out)
         if self.limit is not None:  # read at most one byte past the limit (then _TooLong)
             want = min(want, max(self.limit - self.count + 1, 0))
-        got = 0
+        got = fed = 0
         while got < want:  # at most ``chunk`` per call: a stream's own temporaries stay small
             end = min(want, got + self.chunk)
             if self._raw_readinto is not None:
@@ -304,8 +305,11 @@ class HashingReader:
             if k == 0:
                 break
             got += k
-        if got:
-            self._account(out[:got].toreadonly())
+            if got - fed >= _HASH_FEED:  # the hash thread starts before the member is complete
+                self._account(out[fed:got].toreadonly())
+                fed = got
+        if got > fed:
+            self._account(out[fed:got].toreadonly())
         return got
 
     def read_exact(self, n: int) -> int:

@@ -157,6 +157,7 @@ def test_hashing_reader_digest_matches_hashlib_with_a_tiny_budget(monkeypatch):
     """Pieces larger than the hash piece size and a queue budget smaller than one piece: the
     reader blocks instead of buffering, and the digest still covers every byte in order."""
     monkeypatch.setattr(tario, "_HASH_PIECE", 1000)
+    monkeypatch.setattr(tario, "_HASH_FEED", 3000)  # a payload is fed while it is still being read
     data = bytes(range(256)) * 400
     hr = HashingReader(io.BytesIO(data), limit=len(data), chunk=4096)
     hr._hasher = tario._Sha256Thread(budget=1500)  # replace the default before any read
