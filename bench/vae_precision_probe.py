@@ -111,6 +111,16 @@ if "--lean" in sys.argv:
     vid2 = vid.repeat(2, 1, 1, 1, 1).contiguous(memory_format=torch.channels_last_3d)
     report("fp32_channels_last_3d_lean_batch2", lambda: enc(vid2), clips=2)
     report("fp16_channels_last_3d_lean", lambda: enc(vid_cl, torch.float16))
+    from gc25d_core.models.vae import encode_on_device
+
+    def enc_dev(v, dtype=None):
+        with torch.no_grad(), torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+            return encode_on_device(vae, v, dev).float()
+
+    report("fp32_channels_last_3d_lean_on_device", lambda: enc_dev(vid_cl))
+    profile("fp32_channels_last_3d_lean_on_device", lambda: enc_dev(vid_cl))
+    report("fp32_channels_last_3d_lean_on_device_batch2", lambda: enc_dev(vid2), clips=2)
+    report("fp16_channels_last_3d_lean_on_device", lambda: enc_dev(vid_cl, torch.float16))
     sys.exit(0)
 
 report("fp32_tf32conv", lambda: enc(vid))

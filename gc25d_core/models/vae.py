@@ -166,7 +166,15 @@ def encode_video(vae: WanVideoVAE38, video: torch.Tensor, device: Any = None) ->
         raise ValueError(f"video T, H, W = {t}, {h}, {w}: need T = 1 + 4k and H, W multiples of 16")
     device = device or next(vae.parameters()).device
     with torch.autocast(device_type=torch.device(device).type, enabled=False):
-        return vae.encode(video.float(), device=device, tiled=False).float()
+        return encode_on_device(vae, video.float(), device).float()
+
+
+def encode_on_device(vae: WanVideoVAE38, video: torch.Tensor, device: Any) -> torch.Tensor:
+    """``WanVideoVAE38.encode(videos, device, tiled=False)`` without its host round trip: DiffSynth
+    moves every clip to (pageable) CPU memory and back, then encodes clip by clip (0.34 s of a 1.0 s
+    clip on H200 is that copy). The inner model takes the whole batch where it already is; same
+    ``single_encode`` math (``model.encode(video, scale)``), batched."""
+    return vae.model.encode(video.to(device), vae.scale)
 
 
 def encode_frames(

@@ -115,13 +115,15 @@ def _collate(batch):
 
 def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc25dConfig) -> torch.Tensor:
     """uint8 [81,H,W,3] × B → float32 latents [B,48,21,h,w] (frames moved and normalised on device)."""
+    from gc25d_core.models.vae import encode_on_device
+
     video = torch.stack([f.to(device, non_blocking=True) for f in frames])  # [B,T,H,W,3]
     video = video.permute(0, 4, 1, 2, 3).float().div_(127.5).sub_(1.0)
     if cfg.vae.channels_last_3d and device.type == "cuda":
         video = video.contiguous(memory_format=torch.channels_last_3d)
     fp16 = cfg.vae.compute_dtype == "fp16" and device.type == "cuda"
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.float16, enabled=fp16):
-        return vae.encode(video, device=device, tiled=False).float()
+        return encode_on_device(vae, video, device).float()
 
 
 def run_latents(
