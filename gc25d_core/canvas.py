@@ -4,52 +4,48 @@ For clips whose look changes at s+81 (``ClipRow.ext_look_change``) the raw exten
 pops; stage 3 uses a condition re-rendered from what frames s…s+80 showed instead.
 
 1. **Canvas.** Every static pixel (raw 0..6) of the 81 clip frames of ``cond`` is placed in the world
-   by its frame's camera (``meta``); where several land on one cell the latest frame wins. The world
-   model is a ground plane inside a vertical cylinder (``radius_cm`` around the mean eye of the
-   canvas frames, xy):
+   by its frame's camera (``meta``); the latest frame wins. Three layers (docs/decisions.md,
+   "extension canvas: pop-up"):
 
-   * **ground**: a pixel whose ray meets the plane z = z₀ (median of ``meta.ground_z`` over the
-     clip frames: the player's feet; robust to jumps) in front of the camera and inside the cylinder
-     goes to cell (x, y) cm. Upright things (walls, trees, props) are smeared onto the ground behind
-     them; that re-projects exactly from the same camera and approximately from nearby ones;
-   * **wall** (perspective frames): every other ray (above the horizon, or meeting the ground beyond
-     the cylinder: sky, distant buildings, far ground) goes to where it leaves the cylinder, cell
-     (arc θ·R, z) cm. A finite wall keeps the parallax of distant content that a direction-only
-     dome (content at infinity) loses when the camera travels metres in a clip.
+   * **ground plane** z = z₀ (median of ``meta.ground_z`` over the clip frames): pixels of the ground
+     ids (terrain, paving) whose ray meets it in front of the camera, within ``radius_cm`` of the mean
+     eye, go to cell (x, y) cm. Rock and vegetation are flat patches or standing objects: a pixel of
+     theirs is ground unless the frames ``vote_offsets`` before and after see other static ids at its
+     ground point (a flat patch re-projects onto itself, a standing object's plane point does not);
+   * **pop-up points**: upright pixels (architecture, props, standing rock / vegetation) stand on a
+     vertical billboard facing the camera through their contact point, found by scanning each
+     column bottom-up (``upright_points``). Each frame then removes the earlier points its own
+     view sees through (its ground, sky or pop-up depth is farther than the point: latest wins
+     along the rays), and one point per voxel remains, the latest;
+   * **sky dome** (perspective frames): sky pixels by direction (content at infinity).
 
-   Ortho frames only use the ground (their rays are parallel; in the SPEC's ortho rig all of them
-   meet the ground); their misses stay unseen.
+   Ortho frames use the ground and the pop-up points; their sky stays unseen.
 
-2. **Re-render.** Each extension frame s+81…s+108 places its pixels the same way and reads the
-   canvases; cells never filled give 255 (UNKNOWN, the code world's unseen semantics). Characters
-   are drawn on top from the meta capsules with ``capsules.render_capsules`` (no scene occlusion).
+2. **Re-render.** Each extension frame s+81…s+108 reads the ground under its rays and the dome
+   above the horizon, and splats the pop-up points (nearest depth bin wins, inside it the latest);
+   a point covers the ground behind it. Cells never filled give 255 (UNKNOWN, the code world's
+   unseen semantics). Characters are drawn on top from the meta capsules with
+   ``capsules.render_capsules`` (no scene occlusion).
 
-Resolution and extent. Each canvas is a **mip pyramid** of ``levels`` dense uint16 grids with cell
-``cell_cm · 2^l`` (default 2 cm … 65 km: the levels in use are set by the data), cells aligned to
-world multiples so that level l+1 cell = level l cell // 2. A destination pixel covers an
+Resolution and extent. The ground and the dome are **mip pyramids** of ``levels`` dense uint16 grids
+with cell ``cell_cm · 2^l`` (default 2 cm … 65 km: the levels in use are set by the data), cells
+aligned to world multiples so that level l+1 cell = level l cell // 2. A destination pixel covers an
 anisotropic patch on the ground (short across, long in depth when foreshortened): the singular values
 of the pixel → plane Jacobian (analytic from the plane homography) give its shortest and longest
-extent; on the wall they are t·(smallest / largest adjacent-pixel ray angle), the largest divided by
-the cosine of incidence. A ground pixel is written to the level whose cell is the largest ≤ its
-shortest extent, so distinct pixels rarely share a cell; a wall pixel to the level of its longest
-extent, so that each frame covers the wall region it sees completely (finer wall cells fill as a
-mosaic of frames whose parallax differs: speckle). After all frames every filled cell is propagated
-to the coarser levels (latest wins). A re-rendered pixel reads from the level of its
-shortest extent up to the level of its longest extent plus ``max_fallback``, the first filled cell
-winning: this fills the gaps between foreshortened rows and bounds how far the seen region bleeds
-into the unseen (about 2^max_fallback of the pixel's own extent). Each level is a dense array over
-the index box written so far, grown with a margin when a write falls outside; the ground is bounded
-by the cylinder, so a clip's canvas is ~20–25 M cells (40–50 MB) at 832×480; building it takes
-~7 s on one core, each re-rendered frame ~0.1 s.
+extent; on the dome they are R·(smallest / largest adjacent-pixel ray angle). A ground pixel is
+written to the level whose cell is the largest ≤ its shortest extent, a dome pixel to the level of its
+longest extent. After all frames every filled cell is propagated to the coarser levels (latest
+wins). A re-rendered pixel reads from the level of its shortest extent up to the level of its longest
+extent plus ``max_fallback``, the first filled cell winning. Pop-up points keep their source pixel's
+extent; a point is splatted as a square of that extent's projected size (≤ ``max_splat`` pixels).
 
 Values are packed uint16 ``(stamp << 8) | id`` with stamp = source frame + 1, combined with
 ``np.maximum.at``: a later frame always wins, ties inside one frame go to the larger id
-(deterministic). Everything is vectorised numpy over pixels; loops run over frames and levels.
+(deterministic). Everything is vectorised numpy over pixels; loops run over frames, levels and (for
+the pop-up contact scan) rows.
 
-Measured on the code world with bench/ext_canvas_stats.py (beside the SPEC's 97–98 % static
-agreement on in-look frames and ~17 % unknown in extension frames). Ground classes agree up to
-resolution; upright ones carry the ground-plane smear, whose error grows with camera travel and
-turning, and a later frame's smear overwrites earlier direct views of the ground (latest wins).
+Measured on the code world with bench/ext_canvas_stats.py and docs/benchmarks.md (beside the SPEC's
+97–98 % static agreement on in-look frames and ~17 % unknown in extension frames).
 """
 
 from __future__ import annotations
@@ -59,9 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from gc25d_core.capsules import as_matrix, render_capsules
+from gc25d_core.capsules import PixelRays, as_matrix, render_capsules
 from gc25d_core.config import GeometryConfig, TimelineConfig
-from gc25d_core.geometry import index_maps
+from gc25d_core.geometry import index_maps, src_to_dst
 from gc25d_core.vocab import UNKNOWN
 
 NUM_STATIC = 7  # raw 0..6
@@ -70,15 +66,35 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class CanvasParams:
-    """Canvas resolution and extent (see the module docstring)."""
+    """Canvas resolution, extent and pop-up settings (see the module docstring).
+
+    radius_cm: ground disc around the mean eye; dome_cm: the dome's unit (cm per radian);
+    vote_offsets: frames before / after that vote on rock and vegetation pixels; depth_tol: relative
+    depth bin of the splat (nearest bin wins, then latest); carve_tol: a later frame removes a point
+    it sees more than this (relative) beyond; max_splat: largest splat side in pixels."""
 
     radius_cm: float = 5000.0
     cell_cm: float = 2.0
     levels: int = 16
     max_fallback: int = 1
+    dome_cm: float = 100000.0
+    vote_offsets: tuple[int, ...] = (10, 20)
+    depth_tol: float = 0.03
+    max_splat: int = 8
+    carve_tol: float = 0.0
+    splat_scale: float = 1.0
+    carve_votes: float = 0.5
+    fill_iters: int = 2
+    carve_all_tol: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.radius_cm <= 0 or self.cell_cm <= 0 or self.levels < 1 or self.max_fallback < 0:
+        if (
+            min(self.radius_cm, self.cell_cm, self.dome_cm, self.depth_tol) <= 0
+            or self.levels < 1
+            or self.max_fallback < 0
+            or self.max_splat < 1
+            or self.carve_tol < 0
+        ):
             raise ValueError(f"invalid canvas parameters {self}")
 
 
@@ -163,26 +179,19 @@ def pixel_angles(cam: FrameCamera, geometry: GeometryConfig) -> tuple[float, flo
 
 
 @dataclass(frozen=True)
-class PixelPlacement:
-    """Where pixels land: the ground canvas (x, y) cm or the wall canvas (arc, z) cm, each with the
-    (min, max) ground / wall extent of one destination pixel step (cm)."""
+class GroundHits:
+    """Where pixel rays meet the plane z: ``hit`` (in front of the camera), ground point ``coords``
+    (x, y) cm, view ``depth`` cm and ``stretch`` (min, max) cm, the shortest and longest ground extent
+    of one destination pixel step."""
 
-    ground: np.ndarray  # bool [N]
-    wall: np.ndarray  # bool [N]
-    coords: np.ndarray  # f64 [N,2]: (x, y) where ground, (arc length θ·R, z) where wall
-    stretch: np.ndarray  # f64 [N,2] (min, max) cm
+    hit: np.ndarray  # bool [N]
+    coords: np.ndarray  # f64 [N,2]
+    depth: np.ndarray  # f64 [N]
+    stretch: np.ndarray  # f64 [N,2]
 
 
-def place_pixels(
-    cam: FrameCamera,
-    sx: np.ndarray,
-    sy: np.ndarray,
-    geometry: GeometryConfig,
-    centre: np.ndarray,
-    radius: float,
-) -> PixelPlacement:
-    """Ground points inside the cylinder (``centre`` xy, ``radius`` cm), else wall points (perspective
-    cameras only), of source sample positions (sx, sy) [N]."""
+def ground_hits(cam: FrameCamera, sx: np.ndarray, sy: np.ndarray, geometry: GeometryConfig) -> GroundHits:
+    """Rays of source sample positions (sx, sy) [N] against the plane ``cam.z``."""
     h = cam.src_to_plane
     a = h[0, 0] * sx + h[0, 1] * sy + h[0, 2]
     b = h[1, 0] * sx + h[1, 1] * sy + h[1, 2]
@@ -193,16 +202,7 @@ def place_pixels(
         depth = v[0] * x + v[1] * y + v[2] * cam.z + v[3]
         stretch = _plane_stretch(h, x, y, s, geometry)
         hit = (np.abs(s) > _EPS) & (depth > 0) & np.isfinite(x) & np.isfinite(y) & np.isfinite(stretch).all(1)
-        ground = hit & (np.hypot(x - centre[0], y - centre[1]) <= radius)
-    coords = np.stack([x, y], axis=1)
-    wall = np.zeros_like(ground)
-    if not cam.orthographic and not ground.all():
-        far = np.flatnonzero(~ground)
-        w_ok, w_coords, w_stretch = _wall(cam, sx[far], sy[far], geometry, centre, radius)
-        wall[far[w_ok]] = True
-        coords[far[w_ok]] = w_coords[w_ok]
-        stretch[far[w_ok]] = w_stretch[w_ok]
-    return PixelPlacement(ground, wall, coords, stretch)
+    return GroundHits(hit, np.stack([x, y], axis=1), np.where(hit, depth, np.inf), stretch)
 
 
 def _plane_stretch(
@@ -223,35 +223,202 @@ def _plane_stretch(
     return np.stack([np.sqrt(np.maximum(sq - root, 0.0) / 2.0), np.sqrt((sq + root) / 2.0)], axis=1)
 
 
-def _wall(
+def dome_coords(
+    cam: FrameCamera, sx: np.ndarray, sy: np.ndarray, geometry: GeometryConfig, params: CanvasParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """Directions of perspective rays on the sky dome: ((azimuth·R, elevation·R) f64 [N,2], stretch
+    (min, max) f64 [N,2]) with R = ``params.dome_cm`` (content at infinity: no parallax)."""
+    d = ray_dirs(cam, sx, sy)
+    r = params.dome_cm
+    el = np.arcsin(np.clip(d[:, 2], -1.0, 1.0))
+    coords = np.stack([np.arctan2(d[:, 1], d[:, 0]) * r, el * r], axis=1)
+    a_min, a_max = pixel_angles(cam, geometry)
+    cos_el = np.maximum(np.cos(el), 0.05)
+    stretch = np.stack([np.full(len(d), r * a_min), r * a_max / cos_el], axis=1)
+    return coords, stretch
+
+
+def project_dst(
+    cam: FrameCamera, points: np.ndarray, geometry: GeometryConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """World points f64 [N,3] → (destination x, y f64 [N], view depth f64 [N], destination pixels per
+    cm across the view at the point f64 [N])."""
+    m, v = cam.world_to_clip, cam.world_to_view
+    clip = points @ m[:3, :3].T + m[:3, 3]
+    w = points @ m[3, :3] + m[3, 3]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inv_w = 1.0 / w
+        src_x = (clip[:, 0] * inv_w + 1.0) * cam.width / 2.0 - 0.5
+        src_y = (1.0 - clip[:, 1] * inv_w) * cam.height / 2.0 - 0.5
+        # one cm along the view's right axis moves the projection by m0·right / w source pixels
+        px_src = np.abs(m[0, :3] @ v[0, :3]) * inv_w * cam.width / 2.0
+    dx, dy = src_to_dst(src_x, src_y, geometry)
+    scale = geometry.dst_width / (geometry.crop_x1 - geometry.crop_x0)
+    depth = points @ v[2, :3] + v[2, 3]
+    return np.asarray(dx), np.asarray(dy), depth, px_src * scale
+
+
+# --- which pixels are where -----------------------------------------------------------------------
+
+ROLE_NONE, ROLE_SKY, ROLE_GROUND, ROLE_UPRIGHT = range(4)
+_ROLE_OF_ID = np.array(
+    [ROLE_SKY, ROLE_GROUND, ROLE_GROUND, ROLE_UPRIGHT, ROLE_GROUND, ROLE_GROUND, ROLE_UPRIGHT]
+)
+MIXED_IDS = (4, 5)  # rock, vegetation: flat ground patches or standing objects (decided by a vote)
+
+
+def pixel_roles(
+    cond_ids: np.ndarray,
+    cams: list[FrameCamera],
+    hits: list[GroundHits],
+    geometry: GeometryConfig,
+    params: CanvasParams,
+) -> np.ndarray:
+    """Role uint8 [F,H·W] of every pixel: none (not static), sky (raw 0), ground (terrain, paving) or
+    upright (architecture, prop); rock and vegetation pixels are ground where their ground point shows
+    the same id in the frames ``params.vote_offsets`` before and after (a flat patch re-projects;
+    a standing object's plane point lands elsewhere), upright where other static ids outvote it."""
+    num, h, w = cond_ids.shape
+    flat = cond_ids.reshape(num, -1)
+    roles = np.where(flat < NUM_STATIC, _ROLE_OF_ID[np.minimum(flat, NUM_STATIC - 1)], ROLE_NONE)
+    for f in range(num):
+        mixed = np.flatnonzero(np.isin(flat[f], MIXED_IDS) & hits[f].hit)
+        if not len(mixed):
+            continue
+        pts = np.concatenate([hits[f].coords[mixed], np.full((len(mixed), 1), cams[f].z)], axis=1)
+        votes = np.zeros(len(mixed), np.int64)
+        refs = sorted({f + s * o for o in params.vote_offsets for s in (-1, 1)} & set(range(num)) - {f})
+        for g in refs:
+            dx, dy, depth, _ = project_dst(cams[g], pts, geometry)
+            with np.errstate(invalid="ignore"):
+                ix, iy = np.round(dx), np.round(dy)
+                ok = (depth > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+            seen = np.full(len(mixed), UNKNOWN, np.uint8)
+            seen[ok] = cond_ids[g, iy[ok].astype(np.int64), ix[ok].astype(np.int64)]
+            static = seen < NUM_STATIC
+            votes += np.where(static, np.where(seen == flat[f, mixed], 1, -1), 0)
+        roles[f, mixed[votes < 0]] = ROLE_UPRIGHT
+    mixed_off = np.isin(flat, MIXED_IDS) & ~np.stack([hit.hit for hit in hits])
+    roles[mixed_off] = ROLE_UPRIGHT  # above the horizon: standing
+    return roles.astype(np.uint8)
+
+
+def upright_points(
+    roles: np.ndarray,
+    ids: np.ndarray,
     cam: FrameCamera,
+    hit: GroundHits,
     sx: np.ndarray,
     sy: np.ndarray,
     geometry: GeometryConfig,
-    centre: np.ndarray,
-    radius: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Eye rays against the vertical cylinder (centre xy, radius): (ok bool [N], (θ·R, z) f64 [N,2],
-    stretch (min, max) f64 [N,2]). From inside the cylinder a ray leaves through its far root; from
-    outside it enters through the near one."""
-    d = ray_dirs(cam, sx, sy)
-    o = cam.eye[:2] - centre[:2]
-    qa = d[:, 0] ** 2 + d[:, 1] ** 2
-    qb = o[0] * d[:, 0] + o[1] * d[:, 1]
-    qc = float(o @ o) - radius * radius
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pop-up: world points f64 [K,3] of the upright pixels (indices [K] into H·W) of one frame.
+
+    Scanning each destination column bottom-up, a run of one upright id stands on a vertical
+    billboard facing the camera through its contact point, the first of: where the ray of the
+    boundary between the run and the pixel below meets the ground, when that pixel is ground; the
+    contact of the last run of the same id lower in the column (thin objects alias into pieces); the
+    billboard of the upright run just below (stacked: its foot is hidden); the run's own lowest
+    ground point (hidden by a character or below the frame). Pixels with none of these (above the
+    horizon, over sky or a character) take the billboard of the nearest pixel of their row segment
+    of the same id that has one, else they are dropped."""
+    h, w = geometry.dst_height, geometry.dst_width
+    role, cid = roles.reshape(h, w), ids.reshape(h, w).astype(np.int64)
+    rays = PixelRays.through(sx, sy, cam.world_to_clip, cam.world_to_view, cam.width, cam.height)
+    o, d = rays.origin.reshape(h, w, 3), rays.direction.reshape(h, w, 3)
+    gxy, gok = hit.coords.reshape(h, w, 2), hit.hit.reshape(h, w)
+    # the foot: where the boundary between a pixel and the one below it meets the ground
+    sy_edge = (sy.reshape(h, w)[:-1] + sy.reshape(h, w)[1:]) / 2.0
+    edge = ground_hits(cam, sx.reshape(h, w)[1:].ravel(), sy_edge.ravel(), geometry)
+    exy, eok = edge.coords.reshape(h - 1, w, 2), edge.hit.reshape(h - 1, w)
+    cols = np.arange(w)
+    cpt = np.full((w, 2), np.nan)  # the current run's contact point (x, y)
+    nrm = np.full((w, 2), np.nan)  # and billboard normal (horizontal, away from the camera)
+    last = np.full((w, NUM_STATIC, 4), np.nan)  # per column and id: the last run's (contact, normal)
+    run_id = np.full(w, -1, np.int64)
+    prev_role = np.full(w, ROLE_NONE)
+    plane = np.full((h, w, 4), np.nan)  # per upright pixel: its billboard (contact, normal)
+    for r in range(h - 1, -1, -1):
+        up = role[r] == ROLE_UPRIGHT
+        same = up & (prev_role == ROLE_UPRIGHT) & (cid[r] == run_id)
+        new = up & ~same
+        if new.any():
+            c_new = np.full((w, 2), np.nan)
+            n_new = np.full((w, 2), np.nan)
+            if r + 1 < h:
+                below = new & (prev_role == ROLE_GROUND) & eok[r]
+                c_new[below] = exy[r, below]
+            prior = last[cols, np.minimum(cid[r], NUM_STATIC - 1)]
+            use = new & np.isnan(c_new[:, 0]) & np.isfinite(prior[:, 0])
+            c_new[use], n_new[use] = prior[use, :2], prior[use, 2:]
+            stacked = new & np.isnan(c_new[:, 0]) & (prev_role == ROLE_UPRIGHT) & np.isfinite(cpt[:, 0])
+            c_new[stacked], n_new[stacked] = cpt[stacked], nrm[stacked]
+            own = new & np.isnan(c_new[:, 0]) & gok[r]
+            c_new[own] = gxy[r, own]
+            fresh = np.isnan(n_new[:, 0])
+            n_f = d[r, :, :2] if cam.orthographic else c_new - o[r, :, :2]
+            n_new[fresh] = (n_f / np.maximum(np.linalg.norm(n_f, axis=1, keepdims=True), _EPS))[fresh]
+            cpt[new], nrm[new], run_id[new] = c_new[new], n_new[new], cid[r, new]
+            ok = new & np.isfinite(c_new[:, 0])
+            last[cols[ok], cid[r, ok]] = np.concatenate([c_new, n_new], axis=1)[ok]
+        plane[r, up] = np.concatenate([cpt, nrm], axis=1)[up]
+        prev_role = role[r]
+    plane = _fill_rows(plane, role == ROLE_UPRIGHT, cid)
     with np.errstate(invalid="ignore", divide="ignore"):
-        disc = np.sqrt(qb * qb - qa * qc)
-        t = (-qb + disc) / qa if qc <= 0 else (-qb - disc) / qa
-    ok = np.isfinite(t) & (t > 0) & (qa > _EPS)
-    t = np.where(ok, t, 0.0)
-    p = cam.eye[None, :] + t[:, None] * d
-    theta = np.arctan2(p[:, 1] - centre[1], p[:, 0] - centre[0])
-    coords = np.stack([theta * radius, p[:, 2]], axis=1)
-    normal = np.stack([np.cos(theta), np.sin(theta)], axis=1)
-    cos_inc = np.abs((d[:, :2] * normal).sum(1))
-    a_min, a_max = pixel_angles(cam, geometry)
-    stretch = np.stack([t * a_min, t * a_max / np.maximum(cos_inc, 0.05)], axis=1)
-    return ok, coords, stretch
+        num = np.einsum("hwi,hwi->hw", plane[..., :2] - o[..., :2], plane[..., 2:4])
+        den = np.einsum("hwi,hwi->hw", d[..., :2], plane[..., 2:4])
+        t = num / den
+        flat_t = np.where((den > 0.05) & (t > 0), t, np.nan).reshape(-1)
+    idx = np.flatnonzero(np.isfinite(flat_t))
+    pts = rays.origin[idx] + flat_t[idx, None] * rays.direction[idx]
+    return pts, idx
+
+
+def _close_holes(zbuf: np.ndarray, iters: int) -> np.ndarray:
+    """Forward-warp holes: a pixel of the splat z-buffer (int64 [H,W], key = depth bin << 16 | ~packed,
+    max = empty) whose two opposite neighbours (left / right, up / down or a diagonal pair) hold the
+    same id at depth bins within one of each other, all nearer than the pixel's own, takes the
+    farther neighbour's key; ``iters`` rounds."""
+    h, w = zbuf.shape
+    empty = np.iinfo(np.int64).max
+    for _ in range(iters):
+        p = np.pad(zbuf, 1, constant_values=empty)
+        best = np.full((h, w), empty)
+        for (ay, ax), (by, bx) in (((1, 0), (1, 2)), ((0, 1), (2, 1)), ((0, 0), (2, 2)), ((0, 2), (2, 0))):
+            a, b = p[ay : ay + h, ax : ax + w], p[by : by + h, bx : bx + w]
+            ok = (
+                (a != empty)
+                & (b != empty)
+                & ((a & 0xFF) == (b & 0xFF))
+                & (np.abs((a >> 16) - (b >> 16)) <= 1)
+            )
+            best = np.where(ok, np.minimum(best, np.maximum(a, b)), best)
+        hole = (best != empty) & ((zbuf == empty) | ((zbuf >> 16) > (best >> 16) + 1))
+        if not hole.any():
+            break
+        zbuf = np.where(hole, best, zbuf)
+    return zbuf
+
+
+def _fill_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``values`` f64 [H,W,C] with NaN rows (``values[..., 0]``) inside ``mask`` filled from the nearest
+    finite pixel of the same row segment (contiguous ``mask`` pixels of one id)."""
+    h, w = mask.shape
+    left = np.zeros_like(mask)
+    left[:, 1:] = mask[:, 1:] & mask[:, :-1] & (ids[:, 1:] == ids[:, :-1])
+    seg = np.cumsum((mask & ~left).ravel())
+    flat = values.reshape(h * w, -1)
+    valid = mask.ravel() & np.isfinite(flat[:, 0])
+    pos = np.arange(h * w)
+    fwd = np.maximum.accumulate(np.where(valid, pos, -1))
+    bwd = np.minimum.accumulate(np.where(valid, pos, h * w)[::-1])[::-1]
+    fwd_ok = (fwd >= 0) & (seg[np.maximum(fwd, 0)] == seg)
+    bwd_ok = (bwd < h * w) & (seg[np.minimum(bwd, h * w - 1)] == seg)
+    src = np.where(fwd_ok & (~bwd_ok | (pos - fwd <= bwd - pos)), fwd, np.where(bwd_ok, bwd, -1))
+    fill = mask.ravel() & ~valid & (src >= 0)
+    out = flat.copy()
+    out[fill] = flat[src[fill]]
+    return out.reshape(values.shape)
 
 
 # --- the pyramid --------------------------------------------------------------------------------
@@ -343,24 +510,106 @@ class Pyramid:
 
 
 @dataclass
+class Uprights:
+    """Pop-up points of upright pixels after latest-wins per voxel: ``points`` f32 [M,3] cm,
+    ``packed`` uint16 [M], ``size`` f32 [M] (the source pixel's extent across the view, cm)."""
+
+    points: np.ndarray
+    packed: np.ndarray
+    size: np.ndarray
+
+    @classmethod
+    def merge(
+        cls, points: np.ndarray, packed: np.ndarray, extent: np.ndarray, params: CanvasParams
+    ) -> Uprights:
+        """One point per voxel, the latest winning; a point's voxel is the pyramid cell (cell_cm · 2^l,
+        aligned to its multiples) just under half its pixel ``extent`` (cm), so that the pixels of
+        one frame rarely share one."""
+        if not len(points):
+            return cls(np.zeros((0, 3), np.float32), np.zeros(0, np.uint16), np.zeros(0, np.float32))
+        level = level_of(extent / 2.0, params)
+        cell = params.cell_cm * 2.0 ** level.astype(np.float64)
+        ijk = np.floor(points / cell[:, None]).astype(np.int64) + (1 << 20)
+        ijk = np.clip(ijk, 0, (1 << 21) - 1)
+        key = (level.astype(np.int64) << 63 - 4) | (ijk[:, 0] << 38) | (ijk[:, 1] << 17) | ijk[:, 2]
+        order = np.lexsort((packed, key))
+        last = np.ones(len(order), bool)
+        last[:-1] = key[order[1:]] != key[order[:-1]]
+        keep = order[last]
+        return cls(points[keep].astype(np.float32), packed[keep], extent[keep].astype(np.float32))
+
+
+@dataclass
 class Canvas:
-    """Ground pyramid (x, y cm) + wall pyramid (arc θ·R, z cm) of packed static ids."""
+    """Ground pyramid (x, y cm), sky dome pyramid (azimuth, elevation) and pop-up points of packed
+    static ids."""
 
     ground: Pyramid
-    wall: Pyramid
+    dome: Pyramid
+    uprights: Uprights
     z: float
     centre: np.ndarray  # f64 [2]
     geometry: GeometryConfig
     params: CanvasParams
 
-    def read(self, pl: PixelPlacement) -> np.ndarray:
-        """Static ids uint8 [N] of placed pixels, 255 where unseen."""
-        packed = np.zeros(len(pl.ground), np.uint16)
-        for which, pyr in ((pl.ground, self.ground), (pl.wall, self.wall)):
-            i = np.flatnonzero(which)
-            first = level_of(pl.stretch[i, 0], self.params)
-            last = level_of(pl.stretch[i, 1], self.params, up=True) + self.params.max_fallback
-            packed[i] = pyr.read(pl.coords[i], first, last)
+    def splat(self, cam: FrameCamera) -> tuple[np.ndarray, np.ndarray]:
+        """The pop-up points seen by ``cam``: (packed uint16 [H·W], 0 where none; view depth f64
+        [H·W], inf where none). Each point covers a square of its voxel's projected size (≤
+        ``max_splat`` pixels); the nearest depth bin (relative width ``depth_tol``) wins, inside it the
+        latest frame."""
+        g, p = self.geometry, self.params
+        h, w = g.dst_height, g.dst_width
+        packed_out = np.zeros(h * w, np.uint16)
+        depth_out = np.full(h * w, np.inf)
+        up = self.uprights
+        if not len(up.packed):
+            return packed_out, depth_out
+        dx, dy, depth, px_per_cm = project_dst(cam, up.points.astype(np.float64), g)
+        with np.errstate(invalid="ignore"):
+            k = np.clip(np.round(up.size * px_per_cm * self.params.splat_scale), 1, p.max_splat)
+            ok = (depth > 1.0) & (dx > -k) & (dx < w + k) & (dy > -k) & (dy < h + k)
+        sel = np.flatnonzero(ok)
+        if not len(sel):
+            return packed_out, depth_out
+        k = k[sel].astype(np.int64)
+        bins = np.floor(np.log(depth[sel]) / np.log1p(p.depth_tol)).astype(np.int64)
+        key_pt = (bins << 16) | (0xFFFF - up.packed[sel].astype(np.int64))
+        x0 = np.round(dx[sel] - (k - 1) / 2.0).astype(np.int64)
+        y0 = np.round(dy[sel] - (k - 1) / 2.0).astype(np.int64)
+        zbuf = np.full(h * w, np.iinfo(np.int64).max, np.int64)
+        for kk in np.unique(k):
+            m = np.flatnonzero(k == kk)
+            oy, ox = np.divmod(np.arange(kk * kk), kk)
+            xs = (x0[m, None] + ox[None, :]).ravel()
+            ys = (y0[m, None] + oy[None, :]).ravel()
+            keys = np.repeat(key_pt[m], kk * kk)
+            inside = (xs >= 0) & (xs < w) & (ys >= 0) & (ys < h)
+            np.minimum.at(zbuf, ys[inside] * w + xs[inside], keys[inside])
+        zbuf = _close_holes(zbuf.reshape(h, w), p.fill_iters).reshape(-1)
+        got = zbuf != np.iinfo(np.int64).max
+        packed_out[got] = (0xFFFF - (zbuf[got] & 0xFFFF)).astype(np.uint16)
+        depth_out[got] = np.exp((zbuf[got] >> 16) * np.log1p(p.depth_tol))
+        return packed_out, depth_out
+
+    def render(self, cam: FrameCamera) -> np.ndarray:
+        """Static ids uint8 [H·W] seen by ``cam``, 255 where unseen."""
+        g, p = self.geometry, self.params
+        sx, sy = sample_grid(g)
+        hit = ground_hits(cam, sx, sy, g)
+        packed = np.zeros(len(sx), np.uint16)
+        on = np.flatnonzero(hit.hit & (np.hypot(*(hit.coords - self.centre).T) <= p.radius_cm))
+        first = level_of(hit.stretch[on, 0], p)
+        last = level_of(hit.stretch[on, 1], p, up=True) + p.max_fallback
+        packed[on] = self.ground.read(hit.coords[on], first, last)
+        if not cam.orthographic:
+            off = np.flatnonzero(~hit.hit)
+            coords, stretch = dome_coords(cam, sx[off], sy[off], g, p)
+            first = level_of(stretch[:, 0], p)
+            packed[off] = self.dome.read(coords, first, level_of(stretch[:, 1], p, up=True) + p.max_fallback)
+        up_packed, up_depth = self.splat(cam)
+        # an upright point shows where nothing nearer is on the plane (its foot is on it: tolerance)
+        front = (up_packed > 0) & (up_depth <= hit.depth * (1.0 + 2.0 * p.depth_tol))
+        packed = np.where(front, up_packed, packed)
         return np.where(packed > 0, packed & 0xFF, UNKNOWN).astype(np.uint8)
 
 
@@ -388,7 +637,8 @@ def build_canvas(
     centre: np.ndarray | None = None,
 ) -> Canvas:
     """The canvases of frames ``cond_ids`` uint8 [F,H,W] with cameras [F,16] on the plane ``z``;
-    frame order is time (later frames win). ``centre`` (xy cm) of the cylinder: default the mean eye."""
+    frame order is time (later frames win). ``centre`` (xy cm) of the ground disc: default the mean
+    eye."""
     cond_ids = np.asarray(cond_ids)
     if cond_ids.ndim != 3 or cond_ids.shape[1:] != (geometry.dst_height, geometry.dst_width):
         raise ValueError(
@@ -403,32 +653,116 @@ def build_canvas(
         centre = np.mean([c.eye[:2] for c in cams], axis=0)
     centre = np.asarray(centre, np.float64)
     sx, sy = sample_grid(geometry)
-    pyramids = [Pyramid(params.cell_cm, params.levels), Pyramid(params.cell_cm, params.levels)]
+    hits = [ground_hits(cam, sx, sy, geometry) for cam in cams]
+    roles = pixel_roles(cond_ids, cams, hits, geometry, params)
+    ground, dome = Pyramid(params.cell_cm, params.levels), Pyramid(params.cell_cm, params.levels)
+    h, w = geometry.dst_height, geometry.dst_width
+    pts_all, packed_all, size_all = np.zeros((0, 3)), np.zeros(0, np.uint16), np.zeros(0)
     for f, cam in enumerate(cams):
         flat = cond_ids[f].reshape(-1)
-        pix = np.flatnonzero(flat < NUM_STATIC)
-        pl = place_pixels(cam, sx[pix], sy[pix], geometry, centre, params.radius_cm)
-        packed = (((f + 1) << 8) | flat[pix].astype(np.uint16)).astype(np.uint16)
+        packed = (((f + 1) << 8) | flat.astype(np.uint16)).astype(np.uint16)
+        hit = hits[f]
         # ground: the level of the shortest extent (sharp; foreshortened rows leave gaps that reads
-        # fill from coarser levels); wall: of the longest (its pixels are nearly isotropic, and full
-        # coverage keeps one frame per region instead of a mosaic of frames with parallax)
-        for which, pyr, col in ((pl.ground, pyramids[0], 0), (pl.wall, pyramids[1], 1)):
-            lv = level_of(pl.stretch[which, col], params)
-            coords, pk = pl.coords[which], packed[which]
-            for level in np.unique(lv):
-                pyr.write(int(level), coords[lv == level], pk[lv == level])
-    for pyr in pyramids:
+        # fill from coarser levels)
+        on = np.flatnonzero(
+            (roles[f] == ROLE_GROUND) & hit.hit & (np.hypot(*(hit.coords - centre).T) <= params.radius_cm)
+        )
+        _write_levels(ground, hit.coords[on], packed[on], level_of(hit.stretch[on, 0], params))
+        if not cam.orthographic:
+            sky = np.flatnonzero((roles[f] == ROLE_SKY) & ~hit.hit)
+            coords, stretch = dome_coords(cam, sx[sky], sy[sky], geometry, params)
+            _write_levels(dome, coords, packed[sky], level_of(stretch[:, 1], params))
+        pts, idx = upright_points(roles[f], flat, cam, hit, sx, sy, geometry)
+        _, _, pt_depth, px_per_cm = project_dst(cam, pts, geometry)
+        # latest wins along the rays: this frame's view replaces earlier points it sees through
+        seen = np.full(h * w, np.nan)
+        seen[roles[f] == ROLE_GROUND] = hit.depth[roles[f] == ROLE_GROUND]
+        seen[roles[f] == ROLE_SKY] = np.inf
+        seen[idx] = pt_depth
+        if len(pts_all):
+            keep = ~_seen_through(cam, pts_all, seen, params.carve_tol, geometry)
+            pts_all, packed_all, size_all = pts_all[keep], packed_all[keep], size_all[keep]
+        pts_all = np.concatenate([pts_all, pts])
+        packed_all = np.concatenate([packed_all, packed[idx]])
+        size_all = np.concatenate([size_all, 1.0 / np.maximum(px_per_cm, _EPS)])
+    if params.carve_votes > 0 and len(pts_all):
+        # free space: the frames whose exact view (ground, sky; away from silhouettes) passes through
+        # a point, against those that see something at or before it, vote it out
+        through = np.zeros(len(pts_all), np.int64)
+        support = np.zeros(len(pts_all), np.int64)
+        stamp = packed_all >> 8
+        for f, cam in enumerate(cams):
+            exact = np.full(h * w, np.nan)
+            gr = roles[f] == ROLE_GROUND
+            exact[gr] = hits[f].depth[gr]
+            exact[roles[f] == ROLE_SKY] = np.inf
+            eroded = _min3x3(np.nan_to_num(exact, nan=-np.inf).reshape(h, w)).reshape(-1)
+            other = stamp != f + 1
+            thr, sup = _through_or_before(cam, pts_all, eroded, params.carve_all_tol, geometry)
+            through += thr & other
+            support += sup & other
+        keep = through <= params.carve_votes * (through + support)
+        pts_all, packed_all, size_all = pts_all[keep], packed_all[keep], size_all[keep]
+    for pyr in (ground, dome):
         pyr.propagate()
-    return Canvas(pyramids[0], pyramids[1], float(z), centre, geometry, params)
+    uprights = Uprights.merge(pts_all, packed_all, size_all, params)
+    return Canvas(ground, dome, uprights, float(z), centre, geometry, params)
+
+
+def _seen_through(
+    cam: FrameCamera, points: np.ndarray, seen: np.ndarray, tol: float, geometry: GeometryConfig
+) -> np.ndarray:
+    """bool [N]: ``cam``'s pixel at each point sees farther than the point (``seen``: view depth f64
+    [H·W] of what the pixel shows, inf for sky, NaN / −inf where unknown) by more than ``tol``."""
+    h, w = geometry.dst_height, geometry.dst_width
+    dx, dy, depth, _ = project_dst(cam, points, geometry)
+    with np.errstate(invalid="ignore"):
+        ix, iy = np.round(dx), np.round(dy)
+        inside = (depth > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+    pix = (iy[inside] * w + ix[inside]).astype(np.int64)
+    out = np.zeros(len(points), bool)
+    with np.errstate(invalid="ignore"):
+        out[inside] = seen[pix] > depth[inside] * (1.0 + tol)
+    return out
+
+
+def _through_or_before(
+    cam: FrameCamera, points: np.ndarray, seen: np.ndarray, tol: float, geometry: GeometryConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """(through, before) bool [N]: ``cam``'s pixel at each point sees farther than the point by more
+    than ``tol`` / sees something at most that far (``seen`` as in ``_seen_through``; −inf, NaN:
+    neither)."""
+    h, w = geometry.dst_height, geometry.dst_width
+    dx, dy, depth, _ = project_dst(cam, points, geometry)
+    with np.errstate(invalid="ignore"):
+        ix, iy = np.round(dx), np.round(dy)
+        inside = (depth > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+    pix = (iy[inside] * w + ix[inside]).astype(np.int64)
+    through, before = np.zeros(len(points), bool), np.zeros(len(points), bool)
+    with np.errstate(invalid="ignore"):
+        lim = depth[inside] * (1.0 + tol)
+        through[inside] = seen[pix] > lim
+        before[inside] = np.isfinite(seen[pix]) & (seen[pix] > 0) & (seen[pix] <= lim)
+    return through, before
+
+
+def _min3x3(a: np.ndarray) -> np.ndarray:
+    """Minimum over each pixel's 3×3 neighbourhood (edge pixels over the part inside)."""
+    p = np.pad(a, 1, mode="edge")
+    h, w = a.shape
+    return np.min([p[i : i + h, j : j + w] for i in range(3) for j in range(3)], axis=0)
+
+
+def _write_levels(pyr: Pyramid, coords: np.ndarray, packed: np.ndarray, levels: np.ndarray) -> None:
+    for level in np.unique(levels):
+        pyr.write(int(level), coords[levels == level], packed[levels == level])
 
 
 def render_static(canvas: Canvas, world_to_clip: Any, world_to_view: Any) -> np.ndarray:
     """The canvas seen by one camera: static ids uint8 [H,W], 255 where unseen."""
     geom = canvas.geometry
     cam = FrameCamera.of(world_to_clip, world_to_view, canvas.z, geom.src_width, geom.src_height)
-    sx, sy = sample_grid(geom)
-    pl = place_pixels(cam, sx, sy, geom, canvas.centre, canvas.params.radius_cm)
-    return canvas.read(pl).reshape(geom.dst_height, geom.dst_width)
+    return canvas.render(cam).reshape(geom.dst_height, geom.dst_width)
 
 
 def render_frame(canvas: Canvas, world_to_clip: Any, world_to_view: Any, capsules: Any) -> np.ndarray:
