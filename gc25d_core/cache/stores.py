@@ -553,32 +553,41 @@ class RangeStream(io.RawIOBase):
                 raise self._fatal("HTTP 416: the file is shorter than the listed size")
             raise self._fatal(f"HTTP {st} from {final}")
 
-    def read(self, n: int = -1) -> bytes:
+    def _pull(self, take: Callable[[Any, int], Any]) -> Any:
+        """``take(response, bytes_left)`` -> bytes or a count, with reconnects at the exact offset;
+        None at the end of the range."""
         while True:
             if self.pos >= self.size:
                 self._drop()
-                return b""
+                return None
             if self._resp is None:
                 self._connect()
-            left = self.size - self.pos
-            want = min(left, self.cfg.chunk_bytes) if n is None or n < 0 else min(n, left)
-            assert self._resp is not None
             try:
-                data = self._resp.read(want)
+                out = take(self._resp, self.size - self.pos)
             except (OSError, http.client.HTTPException) as e:
                 self._transient(f"{type(e).__name__}: {e}")
                 continue
-            if not data:
+            if not out:
                 self._transient("connection closed early")
                 continue
-            self.pos += len(data)
+            self.pos += out if isinstance(out, int) else len(out)
             self._fails = 0
-            return data
+            return out
+
+    def read(self, n: int = -1) -> bytes:
+        limit = self.cfg.chunk_bytes if n is None or n < 0 else n
+        if limit == 0:
+            return b""
+        data = self._pull(lambda resp, left: resp.read(min(limit, left)))
+        return b"" if data is None else data
 
     def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
+        """Straight into the caller's buffer (no intermediate bytes object)."""
+        view = memoryview(b).cast("B")
+        if not len(view):
+            return 0
+        got = self._pull(lambda resp, left: resp.readinto(view[: min(len(view), left)]))
+        return 0 if got is None else got
 
     def close(self) -> None:
         self._drop()
