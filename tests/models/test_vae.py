@@ -118,3 +118,17 @@ def test_lean_vae_ops_keeps_keys_and_encode():
     assert vae_key_hash(lean) == vae_key_hash(vae)
     video = torch.rand(2, 3, 9, 64, 96) * 2 - 1
     torch.testing.assert_close(encode_video(lean, video), encode_video(vae, video), rtol=1e-5, atol=1e-5)
+
+
+def test_encode_on_device_matches_diffsynth_encode_for_a_batch():
+    """The job's path (inner model on the batch, no host round trip) = DiffSynth's clip-by-clip encode."""
+    from gc25d_core.models.vae import encode_on_device
+
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True)
+    video = torch.rand(2, 3, 9, 64, 96) * 2 - 1
+    with torch.no_grad():
+        want = vae.encode(video, device="cpu", tiled=False)
+        got = encode_on_device(vae, video, "cpu")
+    assert got.shape == want.shape == (2, 48, 3, 4, 6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

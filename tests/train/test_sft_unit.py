@@ -214,3 +214,25 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
         data = json.loads((tmp_path / "run" / f"state/step-{step:06d}/data.json").read_text())
         done = sum(int(m, 16).bit_count() for m in data["consumed"].values())
         assert (data["epoch"], done) == (epoch, n)  # only the new epoch's samples
+
+
+def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
+    from gc25d_core.train.sft import SftProfileConfig, StepProfiler
+
+    off = StepProfiler(SftProfileConfig(), tmp_path / "off", enabled=True)  # start 0 = off
+    off.before(1)
+    off.after(1)
+    assert off.prof is None and not (tmp_path / "off").exists()
+    prof = StepProfiler(SftProfileConfig(start=2, steps=2), tmp_path / "p", enabled=True)
+    x = torch.randn(64, 64)
+    for step in (1, 2, 3, 4):
+        prof.before(step)
+        (x @ x).sum()
+        prof.after(step)
+        assert (tmp_path / "p" / "ops.txt").is_file() == (step >= 3)
+    assert "aten::mm" in (tmp_path / "p" / "ops.txt").read_text()
+    assert (tmp_path / "p" / "trace.json").is_file()
+    other_rank = StepProfiler(SftProfileConfig(start=1, steps=1), tmp_path / "r1", enabled=False)
+    other_rank.before(1)
+    other_rank.after(1)
+    assert not (tmp_path / "r1").exists()
