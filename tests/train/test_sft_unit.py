@@ -236,3 +236,22 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
     other_rank.before(1)
     other_rank.after(1)
     assert not (tmp_path / "r1").exists()
+
+
+def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread):
+    """state_final / export_final off (what bench/bench_sft_h200.py asks): the last step writes
+    neither the rotating state nor an export; the run still finishes and says so."""
+    sft = {
+        "engine": "ddp",
+        "max_steps": 2,
+        "state_every": 100,
+        "save_every": 100,
+        "export_final": False,
+        "state_final": False,
+        "data": {"num_workers": 0},
+        "val": {"every": 100, "num_clips": 1},
+    }
+    out = run_sft(with_sft(world, "tiny", sft), tmp_path / "run", StdoutReporter(rank=0))
+    assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []
+    assert not list((tmp_path / "run" / "state").glob("step-*"))
+    assert (tmp_path / "run" / "done.json").is_file()
