@@ -57,7 +57,9 @@ class LeanCausalConv3d(CausalConv3d):
     def forward(self, x: torch.Tensor, cache_x: torch.Tensor | None = None) -> torch.Tensor:
         pad_w, _, pad_h, _, pad_t, _ = self._padding
         n_cache = cache_x.shape[2] if cache_x is not None and pad_t > 0 else 0
-        n_zero = max(pad_t - n_cache, 0)
+        if n_cache > pad_t:  # DiffSynth then crops the front with a negative pad: keep its path
+            return super().forward(x, cache_x)
+        n_zero = pad_t - n_cache
         if pad_t > 0:
             b, c, t, h, w = x.shape
             cl3d = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
