@@ -15,7 +15,8 @@ builds the index, cond, meta and cond_ext with the preprocessing builders, then 
                        look-change rows, checkable here)
   in_look_all_recall_by_class / _agreement_ground_classes
                        in_look_all per real static class; ground classes = terrain + paving (on the
-                       plane, so exact up to resolution), the rest stand upright and are smeared
+                       plane, so exact up to resolution); architecture and props stand upright
+                       (pop-up points), rock and vegetation are either (canvas.pixel_roles)
 
 agreement = equal ids among pixels static in both the real cond and the re-render; coverage = the
 fraction of real static pixels the re-render shows as static. Prints one JSON object.
