@@ -18,10 +18,16 @@ builds the index, cond, meta and cond_ext with the preprocessing builders, then 
                        plane, so exact up to resolution); architecture and props stand upright
                        (pop-up points), rock and vegetation are either (canvas.pixel_roles)
 
+  never_seen_ext       (--truth-step N) from the code world's own scene (old look) at every N-th
+                       extension frame of the look-change rows: the share of pixels whose true
+                       surface no frame 0..80 shows (in view, unoccluded, not under a character),
+                       i.e. what an ideal canvas leaves unknown, beside the canvas's own unknown
+
 agreement = equal ids among pixels static in both the real cond and the re-render; coverage = the
 fraction of real static pixels the re-render shows as static. Prints one JSON object.
 
     python bench/ext_canvas_stats.py [--root /tmp/gc25d_canvas] [--preset tiny|full] [--radius-cm 5000]
+                                     [--truth-step 3]
 """
 
 from __future__ import annotations
@@ -36,15 +42,21 @@ import numpy as np
 
 from gc25d_core.canvas import (
     CanvasParams,
+    FrameCamera,
     build_canvas,
     canvas_plane_z,
     clip_canvas,
     ext_canvas_ids,
+    project_dst,
     render_frames,
     static_agreement,
 )
-from gc25d_core.codeworld import generate
+from gc25d_core.capsules import render_capsules
+from gc25d_core.codeworld import generate, get_preset
+from gc25d_core.codeworld.scene import GridRays, build_scene
+from gc25d_core.codeworld.scene import render_static as scene_static
 from gc25d_core.config import Gc25dConfig, GeometryConfig, load_config
+from gc25d_core.geometry import index_maps
 from gc25d_core.index import build_and_write, read_index
 from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_meta
 from gc25d_core.preprocess.tasks import cond_ext_task, cond_task, meta_task
@@ -159,6 +171,75 @@ def measure(
     }
 
 
+def _true_depth(
+    scene: Any, meta: dict[str, np.ndarray], f: int, g: GeometryConfig
+) -> tuple[GridRays, np.ndarray]:
+    """The destination rays of meta frame ``f`` and their true static ray depth f64 [H·W] (inf: sky)."""
+    idx_y, idx_x = index_maps(g)
+    m, v = meta["world_to_clip"][f], meta["world_to_view"][f]
+    rays = GridRays.build(idx_x, idx_y, m, v, g.src_width, g.src_height)
+    return rays, scene_static(scene, rays).t.reshape(-1)
+
+
+def never_seen(cfg: Gc25dConfig, preset: str, params: CanvasParams, step: int) -> dict[str, Any]:
+    """Per look-change row: the never-seen share of every ``step``-th extension frame (code-world truth,
+    old look; sky and character pixels count as seen) and the canvas's unknown share there."""
+    lay, shapes, g, tl = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg), cfg.geometry, cfg.timeline
+    h, w, n = g.dst_height, g.dst_width, tl.num_frames
+    specs = {s.run: s for s in get_preset(preset).runs(0)}
+    per_clip = []
+    for row in read_index(lay):
+        if not row.ext_look_change:
+            continue
+        spec = specs[row.run]
+        scene = build_scene(spec.scene_seed, spec.look_at(row.start + n - 1).seed)
+        meta, cond = read_meta(lay, row.clip_id, shapes, True), read_cond(lay, row.clip_id, shapes)
+
+        depth_src = [_true_depth(scene, meta, f, g)[1] for f in range(n)]
+        canvas = clip_canvas(cond, meta, g, tl, params)
+        unseen, unknown = [], []
+        for e in range(n, n + tl.num_ext_frames, step):
+            rays, t = _true_depth(scene, meta, e, g)
+            fin = np.flatnonzero(np.isfinite(t))
+            pts = rays.origin.reshape(-1, 3)[fin] + t[fin, None] * rays.direction.reshape(-1, 3)[fin]
+            seen = np.zeros(len(pts), bool)
+            for f in range(n):
+                cam = FrameCamera.of(
+                    meta["world_to_clip"][f], meta["world_to_view"][f], 0.0, g.src_width, g.src_height
+                )
+                dx, dy, depth, _ = project_dst(cam, pts, g)
+                with np.errstate(invalid="ignore"):
+                    ix, iy = np.round(dx), np.round(dy)
+                    ok = np.flatnonzero((depth > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h))
+                pix = (iy[ok] * w + ix[ok]).astype(np.int64)
+                dist = np.linalg.norm(pts[ok] - cam.eye, axis=1)
+                vis = (np.abs(depth_src[f][pix] - dist) <= 0.03 * dist + 5.0) & (cond[f].reshape(-1)[pix] < 7)
+                seen[ok[vis]] = True
+            blank = np.full((h, w), 255, np.uint8)
+            chars = render_capsules(
+                meta["capsules"][e], meta["world_to_clip"][e], meta["world_to_view"][e], blank, g
+            )
+            never = np.zeros(h * w, bool)
+            never[fin[~seen]] = True
+            unseen.append(float((never & (chars.reshape(-1) == 255)).mean()))
+            unknown.append(float((render_frames(canvas, meta, [e]) == 255).mean()))
+        per_clip.append(
+            {
+                "clip_id": row.clip_id,
+                "never_seen": round(float(np.mean(unseen)), 4),
+                "unknown": round(float(np.mean(unknown)), 4),
+            }
+        )
+    return {
+        "step": step,
+        "never_seen_mean": round(float(np.mean([c["never_seen"] for c in per_clip])), 4)
+        if per_clip
+        else None,
+        "unknown_mean": round(float(np.mean([c["unknown"] for c in per_clip])), 4) if per_clip else None,
+        "per_clip": per_clip,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", type=Path, default=Path("/tmp/gc25d_canvas"))
@@ -166,12 +247,16 @@ def main() -> None:
     p.add_argument("--radius-cm", type=float, default=CanvasParams.radius_cm)
     p.add_argument("--max-fallback", type=int, default=CanvasParams.max_fallback)
     p.add_argument("--no-per-clip", action="store_true")
+    p.add_argument("--truth-step", type=int, default=0, help="never_seen_ext every N-th frame (0: off)")
     args = p.parse_args()
     root = args.root / args.preset
     t0 = time.perf_counter()
     cfg = prepare(root, args.preset)
     prep_s = time.perf_counter() - t0
-    out = measure(cfg, CanvasParams(radius_cm=args.radius_cm, max_fallback=args.max_fallback))
+    params = CanvasParams(radius_cm=args.radius_cm, max_fallback=args.max_fallback)
+    out = measure(cfg, params)
+    if args.truth_step > 0:
+        out["never_seen_ext"] = never_seen(cfg, args.preset, params, args.truth_step)
     out = {"preset": args.preset, "root": str(root), "prepare_seconds": round(prep_s, 1), **out}
     if args.no_per_clip:
         out.pop("per_clip")
