@@ -1,13 +1,19 @@
-"""Does the SFT teacher learn to use the semantic ids? (issue 7, learning signal on the code world)
+"""Does the SFT teacher learn to use the semantic ids? (issue 7, learning signal)
 
-Trains the tiny GcDiT through the real entry point (torchrun, 2 gloo ranks, DeepSpeed ZeRO-2 on CPU)
-on the embedded default's training cache (``make run`` builds it: data/tiny/cache), validating every
-``--val-every`` steps on every val clip, and prints per validation step the cond / uncond (ids all
-UNKNOWN) / null-text MSE at t = 200, 500, 800, then a summary: cond vs uncond at t=500, absolute and
-relative gap, and whether cond is below uncond at every validation from ``--from-step`` on.
+Trains the tiny GcDiT through the real entry point (torchrun, 2 gloo ranks, DeepSpeed ZeRO-2 on CPU),
+validating every ``--val-every`` steps on every val clip, and prints per validation step the cond /
+uncond (ids all UNKNOWN) / null-text MSE at t = 200, 500, 800, then a summary: cond vs uncond at
+t=500, absolute and relative gap, and whether cond is below uncond at every validation from
+``--from-step`` on. Worlds:
 
-Usage: make run && python bench/sft_learning_signal.py --steps 600 --val-every 50
-Options: --run-dir DIR (default outputs/learning_signal)  --lr / --cond-lr (default: the tiny preset)
+  codeworld  the embedded default's training cache (``make run`` builds data/tiny/cache): code-world
+             ids, latents from the tiny *random* VAE
+  synthetic  tests/train/world.py with latents the ids determine (a fixed vector per id, pooled per
+             latent pixel, + noise): what a VAE that keeps the picture would give
+
+Usage: make run && python bench/sft_learning_signal.py --world codeworld --steps 600 --val-every 50
+       python bench/sft_learning_signal.py --world synthetic --steps 600 --val-every 50
+Options: --run-dir DIR (default outputs/learning_signal_<world>)  --lr / --cond-lr (default: the tiny preset)
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--cond-lr", type=float, default=None)
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--run-dir", type=Path, default=ROOT / "outputs" / "learning_signal")
+    ap.add_argument("--world", choices=("codeworld", "synthetic"), default="codeworld")
+    ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args(argv)
 
@@ -54,8 +62,17 @@ def main(argv: list[str] | None = None) -> None:
         "val": {"every": args.val_every, "num_clips": args.val_clips},
         "optim": optim,
     }
-    cfg = with_sft(load_config("tiny"), "tiny", sft)
+    args.run_dir = args.run_dir or ROOT / "outputs" / f"learning_signal_{args.world}"
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    if args.world == "codeworld":
+        cfg = with_sft(load_config("tiny"), "tiny", sft)
+    else:
+        from tests.train.world import sft_world
+
+        world = args.run_dir / "world"
+        if world.exists():
+            shutil.rmtree(world)
+        cfg = sft_world(world, sft, starts=(0, 96, 192, 288), latents="from_ids")
     config = write_resolved(cfg, args.run_dir, "config.yaml")
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
@@ -93,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         json.dumps(
             {
                 "summary": "learning_signal",
+                "world": args.world,
                 "steps": last["step"],
                 "val_clips": int(last["num_clips"]),
                 "wall_s": round(wall, 1),

@@ -4,7 +4,7 @@ index) — no raw data, no VAE — and the config that trains SFT on it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -94,15 +94,40 @@ def synthetic_row(run: str, start: int, split: str, scene: str = "arena") -> Cli
     )
 
 
+def latent_from_ids(ids: np.ndarray, shapes: Shapes, seed: int, noise: float = 0.1) -> torch.Tensor:
+    """A latent the ids determine: every raw id has a fixed 48-vector (the same for every clip),
+    averaged over each cell's frames (cell 0 = frame 0, cell j = frames 4j-3..4j) and over each
+    latent pixel's 16x16 patch, plus ``noise`` (seeded per clip). Stands in for a VAE whose
+    latents carry the picture, so a model that reads the ids can predict x0 and one that can't
+    cannot."""
+    c, t, h, w = shapes.latent
+    f, hh, ww = ids.shape
+    emb = np.random.default_rng(1234).standard_normal((256, c)).astype(np.float32)
+    out = np.zeros((c, t, h, w), np.float32)
+    for j in range(t):
+        frames = [0] if j == 0 else list(range(4 * j - 3, 4 * j + 1))
+        e = emb[ids[frames]].reshape(len(frames), h, hh // h, w, ww // w, c).mean(axis=(0, 2, 4))
+        out[:, j] = e.transpose(2, 0, 1)
+    out += noise * np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32)
+    return torch.from_numpy(out)
+
+
 def write_synthetic_latents(
-    layout: Layout, shapes: Shapes, row: ClipRow, seed: int, prompts: list[str], cells: np.ndarray
+    layout: Layout,
+    shapes: Shapes,
+    row: ClipRow,
+    seed: int,
+    prompts: list[str],
+    cells: np.ndarray,
+    latent: torch.Tensor | None = None,
 ) -> None:
-    """latents/<clip_id>.pt with a seeded random latent and the given prompts / cell actions."""
-    g = torch.Generator().manual_seed(seed)
+    """latents/<clip_id>.pt with ``latent`` (default: seeded random) and the given prompts / cell actions."""
+    if latent is None:
+        latent = torch.randn(shapes.latent, generator=torch.Generator().manual_seed(seed))
     write_latents(
         layout,
         {
-            "latent": torch.randn(shapes.latent, generator=g).to(torch.bfloat16),
+            "latent": latent.to(torch.bfloat16),
             "prompts": prompts,
             "actions_block": torch.from_numpy(np.ascontiguousarray(cells)).to(torch.uint8),
             "clip_id": row.clip_id,
@@ -115,7 +140,9 @@ def write_synthetic_latents(
     )
 
 
-def write_clips(cfg: Gc25dConfig, starts: tuple[int, ...] = STARTS) -> list[str]:
+def write_clips(
+    cfg: Gc25dConfig, starts: tuple[int, ...] = STARTS, latents: Literal["random", "from_ids"] = "random"
+) -> list[str]:
     layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
     data = text_data(cfg.text)
     rows, runs = [], {}
@@ -131,8 +158,10 @@ def write_clips(cfg: Gc25dConfig, starts: tuple[int, ...] = STARTS) -> list[str]
             blocks20[:, 2] = (rng.random(20) < 0.2).astype(np.uint8)
             cells = cell_blocks(blocks20)
             prompts = [block_to_prompt(b, data) for b in cells]
-            write_synthetic_latents(layout, shapes, rows[-1], len(rows), prompts, cells)
-            write_cond(layout, cid, _ids(shapes, rng), shapes)
+            ids = _ids(shapes, rng)
+            latent = latent_from_ids(ids, shapes, seed=len(rows)) if latents == "from_ids" else None
+            write_synthetic_latents(layout, shapes, rows[-1], len(rows), prompts, cells, latent)
+            write_cond(layout, cid, ids, shapes)
             write_meta(layout, cid, _meta(cfg, shapes, s), shapes, False)
     write_index(layout, rows, runs)
     return [r.clip_id for r in rows]
@@ -145,6 +174,7 @@ def sft_world(
     preset: str = "tiny",
     starts: tuple[int, ...] = STARTS,
     overrides: dict[str, Any] | None = None,
+    latents: Literal["random", "from_ids"] = "random",
 ) -> Gc25dConfig:
     """Processed layout + published cache under ``root`` (one shard per run); returns the ``preset``
     config with extra.sft = configs/sft/<preset>.yaml merged with ``sft``."""
@@ -157,7 +187,7 @@ def sft_world(
         "cache": {"store": str(root / "cache"), "samples_per_shard": len(starts)},
     }
     cfg = load_config(preset, deep_merge(base, overrides or {}))
-    write_clips(cfg, starts)
+    write_clips(cfg, starts, latents)
     pack_and_publish(cfg)
     return with_sft(cfg, preset, sft)
 
