@@ -1,7 +1,7 @@
 """Operator commands around the Dagster instance (no daemon needed).
 
-    python -m gc25d_pipeline.cli sync-snapshots     # add a cache_snapshots partition per published
-                                                    # snapshot (what the sensor does) and print the newest
+``python -m gc25d_pipeline.cli sync-snapshots``: add a cache_snapshots partition per published
+snapshot (what the sensor does) and print the newest.
 """
 
 import argparse
