@@ -34,31 +34,22 @@ sys.path.insert(0, str(ROOT))
 
 PEAK_TFLOPS = 989.0
 TEXT_LEN = 512
-# variant name -> extra.sft model overrides
+FUSED = {"fused_rmsnorm": True}
+# variant name -> extra.sft overrides
 VARIANTS: dict[str, dict[str, Any]] = {
-    "ckpt_all": {"gradient_checkpointing": True},
-    "ckpt_all_fused": {"gradient_checkpointing": True, "overrides": {"fused_rmsnorm": True}},
-    "nockpt_fused": {"gradient_checkpointing": False, "overrides": {"fused_rmsnorm": True}},
-    "ckpt4_fused": {
-        "gradient_checkpointing": True,
-        "checkpoint_blocks": 4,
-        "overrides": {"fused_rmsnorm": True},
-    },
-    "ckpt8_fused": {
-        "gradient_checkpointing": True,
-        "checkpoint_blocks": 8,
-        "overrides": {"fused_rmsnorm": True},
-    },
-    "nockpt_fused_compile": {
-        "gradient_checkpointing": False,
-        "compile": True,
-        "overrides": {"fused_rmsnorm": True},
+    "ckpt_all": {"model": {"gradient_checkpointing": True}},
+    "ckpt_all_fused": {"model": {"gradient_checkpointing": True, "overrides": FUSED}},
+    "nockpt_fused": {"model": {"gradient_checkpointing": False, "overrides": FUSED}},
+    "ckpt4_fused": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "overrides": FUSED}},
+    "ckpt8_fused": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": 8, "overrides": FUSED}},
+    "nockpt_fused_compile": {"model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED}},
+    # gradient slices reduced to their owner instead of whole buckets all-reduced
+    "nockpt_fused_compile_reduce": {
+        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
+        "zero": {"use_multi_rank_bucket_allreduce": False},
     },
     "ckpt4_fused_compile": {
-        "gradient_checkpointing": True,
-        "checkpoint_blocks": 4,
-        "compile": True,
-        "overrides": {"fused_rmsnorm": True},
+        "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },
 }
 
@@ -175,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         "clips_per_gpu_step": clips_per_gpu_step,
     }
     for name in [v for v in args.variants.split(",") if v]:
-        extra: dict[str, Any] = {"model": VARIANTS[name]}
+        extra: dict[str, Any] = dict(VARIANTS[name])
         if args.profile:
             extra["profile"] = {"start": 2, "steps": 2}
         vcfg = with_sft(cfg, cfg.extra["sft"], extra)

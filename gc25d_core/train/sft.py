@@ -176,6 +176,11 @@ class ZeroConfig(Strict):
     contiguous_gradients: bool = True
     reduce_bucket_size: int = 500_000_000
     allgather_bucket_size: int = 500_000_000
+    use_multi_rank_bucket_allreduce: bool = Field(
+        default=True,
+        description="DeepSpeed's default: all-reduce whole gradient buckets; false = reduce each slice "
+        "to its owner (half the bytes; the 2-GPU profile spends 10-25 %% of kernel time in all-reduce)",
+    )
 
 
 class SftProfileConfig(Strict):
@@ -265,6 +270,7 @@ def deepspeed_config(sft: SftConfig, world: int, precision: str) -> dict[str, An
             "contiguous_gradients": sft.zero.contiguous_gradients,
             "reduce_bucket_size": sft.zero.reduce_bucket_size,
             "allgather_bucket_size": sft.zero.allgather_bucket_size,
+            "use_multi_rank_bucket_allreduce": sft.zero.use_multi_rank_bucket_allreduce,
         },
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": False},

@@ -56,6 +56,11 @@ def test_presets_and_generated_deepspeed_config():
     assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 2
     assert ds["zero_optimization"]["stage"] == 2 and ds["bf16"]["enabled"] and ds["gradient_clipping"] == 1.0
     assert "optimizer" not in ds and "scheduler" not in ds  # client AdamW + LambdaLR
+    assert ds["zero_optimization"]["use_multi_rank_bucket_allreduce"] is True  # DeepSpeed's default
+    per_owner = with_sft(load_config("v10"), "v10", {"zero": {"use_multi_rank_bucket_allreduce": False}})
+    assert not deepspeed_config(sft_config(per_owner), 8, "bf16")["zero_optimization"][
+        "use_multi_rank_bucket_allreduce"
+    ]
     assert not deepspeed_config(SftConfig(), 2, "fp32")["bf16"]["enabled"]
     with pytest.raises(ConfigError, match="optim.lr"):
         sft_config(load_config("tiny", {"extra": {"sft": {"optim": {"lr": "fast"}}}}))
