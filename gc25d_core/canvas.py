@@ -47,7 +47,7 @@ the pop-up contact scan) rows.
 Measured on the code world with bench/ext_canvas_stats.py and docs/benchmarks.md (beside the SPEC's
 97–98 % static agreement on in-look frames and ~17 % unknown in extension frames): 93–94 % in-look;
 ground and sky agree up to resolution, upright ids carry the error of their one-frame depth. A clip's
-canvas takes ≈ 20–28 s on one core at 832×480 (the pop-up scan and the carving), each re-rendered
+canvas takes ≈ 21 s on one idle core at 832×480 (the pop-up scan and the carving), each re-rendered
 frame ≈ 0.15 s.
 """
 
