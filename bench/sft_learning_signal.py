@@ -8,10 +8,15 @@ t=500, absolute and relative gap, and whether cond is below uncond at every vali
 
   codeworld  the embedded default's training cache (``make run`` builds data/tiny/cache): code-world
              ids, latents from the tiny *random* VAE
+  codeworld_fitted
+             the same clips (cond, meta, index, text table copied from data/tiny/gc25d), latents
+             re-encoded with a tiny VAE of the same class fitted to the train clips' frames
+             (gc25d_core.models.vae_fit, --vae-steps), packed into a cache of its own
   synthetic  tests/train/world.py with latents the ids determine (a fixed vector per id, pooled per
              latent pixel, + noise): what a VAE that keeps the picture would give
 
 Usage: make run && python bench/sft_learning_signal.py --world codeworld --steps 600 --val-every 50
+       make run && python bench/sft_learning_signal.py --world codeworld_fitted --steps 1000
        python bench/sft_learning_signal.py --world synthetic --steps 600 --val-every 50
 Options: --run-dir DIR (default outputs/learning_signal_<world>)  --lr / --cond-lr (default: the tiny preset)
 """
@@ -32,6 +37,52 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def fitted_vae_world(run_dir: Path, vae_steps: int):
+    """The embedded default's clips with latents from a tiny VAE fitted to their train frames."""
+    import torch
+
+    from gc25d_core.cache.from_layout import pack_and_publish
+    from gc25d_core.config import load_config
+    from gc25d_core.index import read_index
+    from gc25d_core.layout import Layout
+    from gc25d_core.models.vae_fit import fit_tiny_vae, save_tiny_vae
+    from gc25d_core.preprocess.latents import load_clip_frames, run_latents
+    from gc25d_core.preprocess.tasks import RunCache
+
+    base = load_config("tiny")
+    rows = sorted(read_index(Layout(Path(base.paths.data_root))), key=lambda r: r.clip_id)
+    runs = RunCache(Path(base.raw.root))
+    train = [load_clip_frames(runs(r), r.start, base) for r in rows if r.split == "train"]
+    t0 = time.perf_counter()
+    vae, fit = fit_tiny_vae(train, steps=vae_steps)
+    vae_path = run_dir / "tiny_vae.safetensors"
+    digest = save_tiny_vae(vae, vae_path)
+    print(
+        json.dumps({"probe": "tiny_vae_fit", "train_clips": len(train), "s": time.perf_counter() - t0, **fit})
+    )
+    data = run_dir / "data"
+    for p in (data, run_dir / "cache"):
+        if p.exists():
+            shutil.rmtree(p)
+    shutil.copytree(base.paths.data_root, data, ignore=shutil.ignore_patterns("latents"))
+    cfg = load_config(
+        "tiny",
+        {
+            "paths": {"data_root": str(data), "runs_root": str(run_dir / "runs")},
+            "cache": {"store": str(run_dir / "cache")},
+            "vae": {"path": str(vae_path), "sha256": digest, "num_workers": 0},
+        },
+    )
+    errors: list[str] = []
+    run_latents(
+        cfg, rows, torch.device("cpu"), lambda r, n: None, lambda r, e: errors.append(f"{r.clip_id}: {e}")
+    )
+    if errors:
+        raise SystemExit("latents failed: " + "; ".join(errors))
+    pack_and_publish(cfg)
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=600)
@@ -41,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--cond-lr", type=float, default=None)
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--world", choices=("codeworld", "synthetic"), default="codeworld")
+    ap.add_argument("--world", choices=("codeworld", "codeworld_fitted", "synthetic"), default="codeworld")
+    ap.add_argument("--vae-steps", type=int, default=300, help="codeworld_fitted: tiny VAE fit steps")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args(argv)
@@ -66,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if args.world == "codeworld":
         cfg = with_sft(load_config("tiny"), "tiny", sft)
+    elif args.world == "codeworld_fitted":
+        cfg = with_sft(fitted_vae_world(args.run_dir, args.vae_steps), "tiny", sft)
     else:
         from tests.train.world import sft_world
 

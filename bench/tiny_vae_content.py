@@ -6,7 +6,8 @@ linear map from (a) the 16x16-pooled RGB mean and std of the cell's 4 frames and
 one-hot of the parts ids, to the per-channel standardised latent. Fit on the first half of the clips,
 R^2 on the other half. Prints one JSON line.
 
-Usage: make run && python bench/tiny_vae_content.py [--clips 8]
+Usage: make run && python bench/tiny_vae_content.py [--clips 8] [--vae fitted.safetensors --sha256 HEX]
+(``--vae``: a tiny VAE fitted by gc25d_core.models.vae_fit instead of the preset's random one)
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def r2_out_of_sample(x: np.ndarray, z: np.ndarray, n_fit: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clips", type=int, default=8)
+    ap.add_argument("--vae", type=Path, default=None)
+    ap.add_argument("--sha256", default=None)
     args = ap.parse_args(argv)
 
     import torch
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     from gc25d_core.preprocess.tasks import RunCache
     from gc25d_core.vocab import valid_raw_ids
 
-    cfg = load_config("tiny")
+    cfg = load_config("tiny", {"vae": {"path": str(args.vae), "sha256": args.sha256}} if args.vae else None)
     layout = Layout(Path(cfg.paths.data_root))
     rows = sorted(read_index(layout), key=lambda r: r.clip_id)[: args.clips]
     runs = RunCache(Path(cfg.raw.root))
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "probe": "tiny_vae_content",
                 "clips": len(rows),
+                "vae": str(args.vae) if args.vae else "random (preset)",
                 "latent_var_per_channel": float(z_all.var(0).mean()),
                 "latent_mean_abs": float(np.abs(z_all.mean(0)).mean()),
                 "r2_from_pooled_rgb": r2_out_of_sample(np.concatenate(rgb_x), z_all, n_fit),

@@ -138,7 +138,9 @@ class VaeConfig(Strict):
     path: Path | None = None
     sha256: str | None = None
     tiny: bool = Field(
-        default=False, description="small random VAE of the same class (tests, embedded default)"
+        default=False,
+        description="small VAE of the same class (tests, embedded default): random, or the fitted "
+        "one at `path` (models.vae_fit) when path and sha256 are set",
     )
     clips_per_batch: int = Field(default=1, ge=1, description="clips encoded together (GPU throughput)")
     num_workers: int = Field(

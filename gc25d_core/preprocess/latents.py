@@ -69,7 +69,13 @@ def to_channels_last_3d(vae) -> None:
 def build_vae_for(cfg: Gc25dConfig, device: torch.device):
     from gc25d_core.models.vae import build_vae, load_vae
 
-    if cfg.vae.tiny:
+    if cfg.vae.tiny and cfg.vae.path is not None:
+        from gc25d_core.models.vae_fit import load_tiny_vae
+
+        if not cfg.vae.sha256:
+            raise ValueError(f"vae.path {cfg.vae.path} (fitted tiny VAE) needs vae.sha256")
+        vae = load_tiny_vae(cfg.vae.path, expected_sha256=cfg.vae.sha256, device=device)
+    elif cfg.vae.tiny:
         torch.manual_seed(cfg.seed)  # the tiny random VAE must be the same on every rank and rerun
         vae = build_vae(tiny=True, device="cpu").to(device)
     elif cfg.vae.path is None or not cfg.vae.sha256:
