@@ -94,6 +94,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--plain-clips", type=int, default=6, help="clips for the sequential plain path")
     ap.add_argument("--lean-ops", type=int, default=1, help="vae.lean_ops for our path (0/1)")
+    ap.add_argument(
+        "--warmup", type=int, default=1, help="1: one untimed batch before each timed setting (steady state)"
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     tmp = Path(tempfile.mkdtemp(prefix="bench_latents_"))
@@ -175,6 +178,9 @@ def main() -> None:
     L.build_vae_for = lambda _cfg, _device: vae  # same random weights as the plain path
     for b in [int(x) for x in args.batches.split(",")]:
         c = cfg.model_copy(update={"vae": cfg.vae.model_copy(update={"clips_per_batch": b})})
+        if args.warmup:  # cuDNN autotuning of every chunk shape and lazy CUDA init, left out of the timing
+            L.run_latents(c, work[:b], device, lambda r, n: None, lambda r, e: None)
+            sync(device)
         done: list[int] = []
         errors: list[str] = []
         t0 = time.perf_counter()
