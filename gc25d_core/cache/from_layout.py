@@ -20,7 +20,7 @@ from gc25d_core.cache.samples import gc25d_sample
 from gc25d_core.cache.stores import Store, open_store
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.index import ClipRow, read_index
-from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_latents
+from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_latents, read_meta
 
 
 def open_cache_store(cfg: Gc25dConfig) -> Store:
@@ -45,7 +45,10 @@ def clip_sample(layout: Layout, shapes: Shapes, row: ClipRow, include_cond: bool
             ext, source = read_cond_ext(canvas, shapes), "ext_canvas"
         else:
             ext, source = read_cond_ext(layout.cond_ext(row.clip_id), shapes), "cond_ext"
-    return gc25d_sample(record, cond_ids=cond, cond_ext=ext, ext_source=source)
+    masking = None
+    if cond is not None and layout.meta(row.clip_id).is_file():  # SFT masks the cond with it
+        masking = read_meta(layout, row.clip_id, shapes, row.has_ext)
+    return gc25d_sample(record, cond_ids=cond, cond_ext=ext, ext_source=source, masking_meta=masking)
 
 
 def pack_and_publish(cfg: Gc25dConfig, reporter: Any = None) -> dict[str, Any]:

@@ -30,6 +30,9 @@ The JSON side is free-form; its ``match`` field (if present) is the split group.
     cond_ids      uint8    [81,h,w]      optional; parts-vocab raw ids per frame (h,w = 480,832)
     cond_ext_ids  uint8    [28,h,w]      optional; stage-3 extension ids (cond_ext or ext_canvas)
     ext_blocks    uint8    [7,5]         optional; extension action blocks
+    world_to_clip float64  [81,16]       optional; meta of the clip frames, what SPEC §7's UNKNOWN
+    world_to_view float64  [81,16]       optional;   masking needs (so SFT needs no processed
+    ground_z      float32  [81]          optional;   layout beside the cache)
 
     json: clip_id str, subset str, scene str, run str, start int, prompts list[21] str,
           optional has_ext bool, ext_prompts list[7] str, ext_source str
@@ -188,6 +191,9 @@ GC25D_SCHEMA = SampleSchema(
         TensorSpec(name="cond_ids", dtype="uint8", shape=(81, "h", "w"), optional=True),
         TensorSpec(name="cond_ext_ids", dtype="uint8", shape=(28, "h", "w"), optional=True),
         TensorSpec(name="ext_blocks", dtype="uint8", shape=(7, 5), optional=True),
+        TensorSpec(name="world_to_clip", dtype="float64", shape=(81, 16), optional=True),
+        TensorSpec(name="world_to_view", dtype="float64", shape=(81, 16), optional=True),
+        TensorSpec(name="ground_z", dtype="float32", shape=(81,), optional=True),
     ),
     json_fields=(
         JsonFieldSpec(name="clip_id", kind="str"),

@@ -146,7 +146,9 @@ class SftDataConfig(Strict):
     interleave: int = Field(default=1, ge=1)
     on_shard_failure: Literal["fail", "quarantine"] = "fail"
     meta_root: Path | None = Field(
-        default=None, description="processed layout holding meta/<clip>.npz (default paths.data_root)"
+        default=None,
+        description="processed layout holding meta/<clip>.npz (default paths.data_root); read only for "
+        "cache samples that do not carry world_to_clip / world_to_view / ground_z",
     )
     on_missing_meta: Literal["error", "skip_masking"] = "error"
     text_table: Path | None = Field(
@@ -490,9 +492,15 @@ class SampleTransform:
             raise ValueError(f"prompt {prompt!r} is not in the text table (configs/text)") from None
 
     def ground_xy(self, sample: Any) -> np.ndarray | None:
+        """Pooled ground points of the clip frames: from the meta the cache sample carries
+        (world_to_clip, world_to_view, ground_z), else from ``meta_root``'s meta/<clip>.npz."""
         from gc25d_core.layout import Layout, Shapes, read_meta
         from gc25d_core.masking import masking_ground_xy
 
+        carried = sample.tensors
+        if all(k in carried for k in ("world_to_clip", "world_to_view", "ground_z")):
+            meta = {k: carried[k].numpy() for k in ("world_to_clip", "world_to_view", "ground_z")}
+            return masking_ground_xy(meta, self.geometry, self.timeline.num_frames)
         layout = Layout(self.meta_root)
         cid = str(sample.meta["clip_id"])
         if not layout.meta(cid).is_file():

@@ -260,3 +260,37 @@ def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread
     assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []
     assert not list((tmp_path / "run" / "state").glob("step-*"))
     assert (tmp_path / "run" / "done.json").is_file()
+
+
+def test_masking_uses_the_meta_the_cache_sample_carries(world, tmp_path):
+    """Packed samples carry their clip frames' world_to_clip / world_to_view / ground_z, so UNKNOWN
+    masking needs no processed layout beside the cache; without them it reads meta_root."""
+    from types import SimpleNamespace
+
+    from gc25d_core.layout import Layout, Shapes, read_meta
+
+    ds, samples = _samples(world)
+    s = samples[0]
+    keys = ("world_to_clip", "world_to_view", "ground_z")
+    meta = read_meta(Layout(world.paths.data_root), s.meta["clip_id"], Shapes.of(world), False)
+    for k in keys:
+        assert np.array_equal(s.tensors[k].numpy(), meta[k][:81])
+    assert s.tensors["world_to_clip"].dtype == torch.float64 and s.tensors["ground_z"].dtype == torch.float32
+    rates = SftDropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0)
+    no_layout = SampleTransform(
+        seed=3,
+        dropout=rates,
+        prompt_to_key=prompt_keys(world),
+        cfg=world,
+        meta_root=tmp_path / "no_layout",
+        on_missing_meta="error",
+    ).attach(ds)
+    stripped = SimpleNamespace(
+        key=s.key, meta=s.meta, tensors={k: v for k, v in s.tensors.items() if k not in keys}
+    )
+    carried_xy = no_layout.ground_xy(s)
+    assert carried_xy is not None and carried_xy.shape[0] == 81
+    np.testing.assert_array_equal(carried_xy, _transform(world, rates, ds).ground_xy(stripped))
+    with pytest.raises(FileNotFoundError, match="meta_root"):
+        no_layout.ground_xy(stripped)
+    assert no_layout.prepare(s).masked
