@@ -21,7 +21,7 @@ from gc25d_core.models.configs import DEPLOY_CAUSAL, FULL_CAUSAL, CausalConfig
 from gc25d_core.models.gcdit import TextContext
 from gc25d_core.models.sem_cond import cell_frame_slice
 
-from .tiny import LATENT_HW, make_inputs, random_ids
+from .tiny import LATENT_HW, kv_cell_output, make_inputs, random_ids
 
 AXIS = (1000.0, 750.0, 500.0, 250.0)
 SMALL_WINDOW = CausalConfig(sink=1, window=3, rope_cap=None)
@@ -167,29 +167,8 @@ def test_teacher_forcing_equals_kv_cache(tiny_model, spec):
         # the clean branch is a plain causal forward of the clean clip at t=0
         plain = tiny_model(clean, torch.zeros(1, n), context, ids, causal=spec)
         torch.testing.assert_close(clean_out, plain, rtol=1e-5, atol=1e-5)
-        text = TextContext.build(context)
         for i in range(1, n):
-            cache = tiny_model.new_kv_cache(spec, LATENT_HW)
-            for j in range(i):
-                tiny_model.forward_kv(
-                    clean[:, :, j : j + 1],
-                    j,
-                    0.0,
-                    text.select(text.index[:, j : j + 1]),
-                    ids[:, cell_frame_slice(j)],
-                    cache,
-                    commit=True,
-                    return_output=False,
-                )
-            out = tiny_model.forward_kv(
-                noisy[:, :, i : i + 1],
-                i,
-                t[0, i],
-                text.select(text.index[:, i : i + 1]),
-                ids[:, cell_frame_slice(i)],
-                cache,
-                commit=False,
-            )
+            out = kv_cell_output(tiny_model, clean, noisy, t, context, ids, spec, i)
             torch.testing.assert_close(out, tf[:, :, i : i + 1], rtol=1e-5, atol=1e-5)
 
 

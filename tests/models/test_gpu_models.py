@@ -6,10 +6,8 @@ import pytest
 import torch
 
 from gc25d_core.models.configs import DEPLOY_CAUSAL, FULL_CAUSAL, CausalConfig
-from gc25d_core.models.gcdit import TextContext
-from gc25d_core.models.sem_cond import cell_frame_slice
 
-from .tiny import LATENT_HW, make_inputs, make_model
+from .tiny import LATENT_HW, kv_cell_output, make_inputs, make_model
 
 pytestmark = pytest.mark.gpu
 
@@ -53,29 +51,8 @@ def test_cuda_teacher_forcing_equals_kv_cache(cuda_model, spec):
     t = torch.tensor([[0.0, 950.0, 800.0, 600.0, 350.0, 120.0]], device="cuda")
     with torch.no_grad():
         tf = cuda_model.forward_teacher_forcing(clean, noisy, t, context, ids, causal=spec)
-        text = TextContext.build(context)
         i = n - 1
-        cache = cuda_model.new_kv_cache(spec, LATENT_HW)
-        for j in range(i):
-            cuda_model.forward_kv(
-                clean[:, :, j : j + 1],
-                j,
-                0.0,
-                text.select(text.index[:, j : j + 1]),
-                ids[:, cell_frame_slice(j)],
-                cache,
-                commit=True,
-                return_output=False,
-            )
-        out = cuda_model.forward_kv(
-            noisy[:, :, i : i + 1],
-            i,
-            t[0, i],
-            text.select(text.index[:, i : i + 1]),
-            ids[:, cell_frame_slice(i)],
-            cache,
-            commit=False,
-        )
+        out = kv_cell_output(cuda_model, clean, noisy, t, context, ids, spec, i)
     torch.testing.assert_close(out, tf[:, :, i : i + 1], rtol=1e-4, atol=1e-4)
 
 

@@ -45,3 +45,33 @@ def make_inputs(num_cells: int, seed: int = 0, batch: int = 1, per_cell_text: bo
     shape = (batch, num_cells, TEXT_LEN, TEXT_DIM) if per_cell_text else (batch, TEXT_LEN, TEXT_DIM)
     context = torch.randn(*shape, generator=g)
     return latents, context, random_ids(frames_for(num_cells), seed, batch)
+
+
+def kv_cell_output(model, clean, noisy, t, context, ids, spec, i: int) -> torch.Tensor:
+    """Cell ``i`` through the KV cache: cells 0..i-1 committed clean at t=0, then cell i noisy at
+    t[0, i] (uncommitted); what teacher forcing must give for cell i."""
+    from gc25d_core.models.gcdit import TextContext
+    from gc25d_core.models.sem_cond import cell_frame_slice
+
+    text = TextContext.build(context)
+    cache = model.new_kv_cache(spec, LATENT_HW)
+    for j in range(i):
+        model.forward_kv(
+            clean[:, :, j : j + 1],
+            j,
+            0.0,
+            text.select(text.index[:, j : j + 1]),
+            ids[:, cell_frame_slice(j)],
+            cache,
+            commit=True,
+            return_output=False,
+        )
+    return model.forward_kv(
+        noisy[:, :, i : i + 1],
+        i,
+        t[0, i],
+        text.select(text.index[:, i : i + 1]),
+        ids[:, cell_frame_slice(i)],
+        cache,
+        commit=False,
+    )
