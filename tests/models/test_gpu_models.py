@@ -86,3 +86,27 @@ def test_cuda_bf16_rollout_runs(cuda_model):
             generator=torch.Generator(device="cuda").manual_seed(0),
         )
     assert out.shape == (1, 48, 23, *LATENT_HW) and torch.isfinite(out.float()).all()
+
+
+def test_cuda_lean_vae_channels_last_matches_diffsynth_encode():
+    """The latents job's GPU path (lean ops + channels-last-3d + on-device batch, where the fused RMS
+    norm actually runs) against DiffSynth's own encode of the same clips, same weights."""
+    import copy
+
+    from gc25d_core.models.vae import build_vae, encode_on_device, lean_vae_ops
+    from gc25d_core.preprocess.latents import to_channels_last_3d
+
+    torch.manual_seed(0)
+    ref = build_vae(tiny=True).to("cuda")
+    fast = lean_vae_ops(copy.deepcopy(ref))
+    to_channels_last_3d(fast)
+    video = torch.rand(2, 3, 9, 64, 96, device="cuda") * 2 - 1
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            want = ref.encode(video, device="cuda", tiled=False).cuda()
+            got = encode_on_device(fast, video.contiguous(memory_format=torch.channels_last_3d), "cuda")
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+    assert got.shape == want.shape == (2, 48, 3, 4, 6)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
