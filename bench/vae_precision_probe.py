@@ -19,6 +19,8 @@ from gc25d_core.compat import import_diffsynth  # noqa: E402
 import_diffsynth()
 from diffsynth.models.wan_video_vae import WanVideoVAE38  # noqa: E402
 
+from gc25d_core.preprocess.latents import to_channels_last_3d  # noqa: E402
+
 dev = torch.device("cuda")
 torch.manual_seed(0)
 with torch.device(dev):
@@ -91,17 +93,11 @@ def profile(probe, fn, top=12):
     )
 
 
-def channels_last():
-    for m in vae.model.modules():  # only the 5-D conv weights take the channels-last-3d layout
-        if isinstance(m, torch.nn.Conv3d):
-            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
-
-
 if "--lean" in sys.argv:
     from gc25d_core.models.vae import lean_vae_ops
 
     torch.backends.cudnn.benchmark = True
-    channels_last()
+    to_channels_last_3d(vae)
     vid_cl = vid.contiguous(memory_format=torch.channels_last_3d)
     report("fp32_channels_last_3d", lambda: enc(vid_cl))
     profile("fp32_channels_last_3d", lambda: enc(vid_cl))
@@ -128,7 +124,7 @@ torch.backends.cudnn.benchmark = True
 report("fp32_tf32conv_cudnn_benchmark", lambda: enc(vid))
 report("autocast_fp16", lambda: enc(vid, torch.float16))
 report("autocast_bf16", lambda: enc(vid, torch.bfloat16))
-channels_last()
+to_channels_last_3d(vae)
 vid_cl = vid.contiguous(memory_format=torch.channels_last_3d)
 report("fp32_channels_last_3d", lambda: enc(vid_cl))
 report("fp16_channels_last_3d", lambda: enc(vid_cl, torch.float16))

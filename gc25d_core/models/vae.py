@@ -93,11 +93,9 @@ class LeanRMSNorm(RMS_norm):
         ):
             return super().forward(x)
         weight = self.gamma.reshape(-1)
+        y = torch.nn.functional.rms_norm(x.permute(0, 2, 3, 4, 1), weight.shape, weight, eps=1e-24)
         if isinstance(self.bias, torch.Tensor):
-            y = torch.nn.functional.rms_norm(x.permute(0, 2, 3, 4, 1), weight.shape, None, eps=1e-24)
-            y = y * weight + self.bias.reshape(-1)
-        else:
-            y = torch.nn.functional.rms_norm(x.permute(0, 2, 3, 4, 1), weight.shape, weight, eps=1e-24)
+            y = y + self.bias.reshape(-1)
         return y.permute(0, 4, 1, 2, 3)
 
 
@@ -152,7 +150,7 @@ def frames_to_video(frames_THWC: np.ndarray | torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(np.asarray(frames_THWC)) if not isinstance(frames_THWC, torch.Tensor) else frames_THWC
     if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:
         raise ValueError(f"frames must be uint8 [T, H, W, 3], got {x.dtype} {tuple(x.shape)}")
-    return x.permute(3, 0, 1, 2).float().div(127.5).sub(1.0)
+    return x.permute(3, 0, 1, 2).float().div_(127.5).sub_(1.0)  # float() made a new tensor
 
 
 @torch.no_grad()

@@ -121,10 +121,9 @@ def _collate(batch):
 
 def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc25dConfig) -> torch.Tensor:
     """uint8 [81,H,W,3] × B → float32 latents [B,48,21,h,w] (frames moved and normalised on device)."""
-    from gc25d_core.models.vae import encode_on_device
+    from gc25d_core.models.vae import encode_on_device, frames_to_video
 
-    video = torch.stack([f.to(device, non_blocking=True) for f in frames])  # [B,T,H,W,3]
-    video = video.permute(0, 4, 1, 2, 3).float().div_(127.5).sub_(1.0)
+    video = torch.stack([frames_to_video(f.to(device, non_blocking=True)) for f in frames])  # [B,3,T,H,W]
     if cfg.vae.channels_last_3d and device.type == "cuda":
         video = video.contiguous(memory_format=torch.channels_last_3d)
     fp16 = cfg.vae.compute_dtype == "fp16" and device.type == "cuda"

@@ -89,6 +89,9 @@ __all__ = [
 VAL_MODES = ("cond", "uncond", "null_text")
 SFT_KEY = "sft"
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
+# what train_step sums over micro-batches and ranks: kept on the device (one sync per step) / on the host
+DEVICE_SUMS = ("loss", "mse", "sem_rms", "x_rms")
+HOST_SUMS = ("t", "text_dropped", "cond_dropped", "masked", "samples", "masked_frac")
 
 
 # ============================================================================== configuration
@@ -378,14 +381,14 @@ class StepProfiler:
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self.prof = profile(activities=acts, record_shapes=False)
-            self.prof.__enter__()
+            self.prof.start()
 
     def after(self, step: int) -> None:
         if self.prof is None or step != self.last:
             return
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.prof.__exit__(None, None, None)
+        self.prof.stop()
         self.folder.mkdir(parents=True, exist_ok=True)
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         table = self.prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
@@ -1039,8 +1042,8 @@ class SftTrainer:
         closing epoch's keys are marked before ``_next_micro`` advances the epoch (sample keys
         carry no epoch, so marked later they would land in the new epoch's bitmask)."""
         ga = self.sft.grad_accum
-        sums = np.zeros(10)
-        on_device = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, mse, sem, x: one sync
+        on_device = torch.zeros(len(DEVICE_SUMS), dtype=torch.float64, device=self.device)  # one sync
+        on_host = np.zeros(len(HOST_SUMS))
         keys_done: list[Any] = []
         grad_norm: float | None = None
         for micro in range(ga):
@@ -1073,12 +1076,8 @@ class SftTrainer:
             on_device += torch.stack(
                 [loss.detach(), mse.detach(), st.get("sem_rms", zero), st.get("x_rms", zero)]
             ).to(on_device)
-            sums += [
-                0.0,
-                0.0,
+            on_host += [
                 t,
-                0.0,
-                0.0,
                 sum(p.text_dropped for p in prepared),
                 sum(p.cond_dropped for p in prepared),
                 sum(p.masked for p in prepared),
@@ -1086,20 +1085,26 @@ class SftTrainer:
                 sum(p.masked_frac for p in prepared),
             ]
         self.ds.mark_consumed(keys_done)
-        sums[[0, 1, 3, 4]] = on_device.tolist()
-        tot = all_reduce(sums.tolist(), self.device)
-        n_micro, n_samples = ga * self.world, tot[8]
+        tot = dict(
+            zip(
+                DEVICE_SUMS + HOST_SUMS,
+                all_reduce(on_device.tolist() + on_host.tolist(), self.device),
+                strict=True,
+            )
+        )
+        n_micro, n_samples = ga * self.world, tot["samples"]
         lr, cond_lr = self.engine.lrs()
         return {
-            "loss": tot[0] / n_micro,
-            "mse": tot[1] / n_micro,
-            "t_mean": tot[2] / n_micro,
-            "sem_rms": tot[3] / n_micro,
-            "x_rms": tot[4] / n_micro,
-            "frac_text_dropped": tot[5] / n_samples,
-            "frac_cond_dropped": tot[6] / n_samples,
-            "frac_masked": tot[7] / n_samples,
-            "masked_static_frac": tot[9] / tot[7] if tot[7] else 0.0,  # of the masked samples
+            "loss": tot["loss"] / n_micro,
+            "mse": tot["mse"] / n_micro,
+            "t_mean": tot["t"] / n_micro,
+            "sem_rms": tot["sem_rms"] / n_micro,
+            "x_rms": tot["x_rms"] / n_micro,
+            "frac_text_dropped": tot["text_dropped"] / n_samples,
+            "frac_cond_dropped": tot["cond_dropped"] / n_samples,
+            "frac_masked": tot["masked"] / n_samples,
+            # of the masked samples
+            "masked_static_frac": tot["masked_frac"] / tot["masked"] if tot["masked"] else 0.0,
             "grad_norm": float("nan") if grad_norm is None else grad_norm,
             "lr": lr,
             "cond_lr": cond_lr,
