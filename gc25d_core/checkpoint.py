@@ -53,14 +53,30 @@ class CheckpointDir:
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=self.root))
         try:
             write(tmp)
-            if final.exists():  # a re-run of the same step: replace the older save
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            return self.commit(tmp, step)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    def shared_tmp(self, step: int) -> Path:
+        """A temp folder name every rank of a collective save can compute (filled, then ``commit``)."""
+        return self.root / f"{TMP_PREFIX}{step_name(step)}"
+
+    def commit(self, tmp: Path, step: int) -> Path:
+        """``tmp`` (a filled temp folder in ``root``) becomes ``step-N``; old ones rotate away."""
+        final = self.path(step)
+        if final.exists():  # a re-run of the same step: replace the older save
+            shutil.rmtree(final)
+        os.replace(tmp, final)
         self._rotate()
         return final
+
+    def clean_tmp(self) -> None:
+        """Remove temp folders of saves that were killed."""
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                if p.name.startswith(TMP_PREFIX):
+                    shutil.rmtree(p, ignore_errors=True)
 
     def save_json(self, step: int, state: dict[str, Any], name: str = "state.json") -> Path:
         return self.save(step, lambda d: (d / name).write_text(json.dumps(state, sort_keys=True)))

@@ -62,6 +62,24 @@ def barrier() -> None:
         dist.barrier()
 
 
+def dist_active() -> bool:
+    """An initialised process group of more than one rank (collectives have someone to talk to)."""
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
+def all_reduce(values: Sequence[float], device, op: str = "sum") -> list[float]:
+    """Sum (or min) of ``values`` over the ranks, float64 on ``device``; the values alone without a group."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist_active():
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
+    return t.tolist()
+
+
 def shard(items: Sequence[T], rank: int | None = None, world: int | None = None) -> list[T]:
     """Deterministic round-robin shard: item i goes to rank i % world."""
     rank = global_rank() if rank is None else rank

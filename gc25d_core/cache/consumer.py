@@ -55,6 +55,7 @@ from typing import Any, Literal
 from pydantic import Field
 from torch.utils.data import IterableDataset, get_worker_info
 
+from gc25d_core import distributed
 from gc25d_core.cache.errors import (
     RefreshMidEpochError,
     SampleSchemaError,
@@ -68,7 +69,6 @@ from gc25d_core.cache.manifest import ManifestRef, ShardEntry, Strict, validate_
 from gc25d_core.cache.snapshots import Snapshot, read_pinned, read_snapshot
 from gc25d_core.cache.stores import Store
 from gc25d_core.cache.tario import DEFAULT_CHUNK, deserialize_json, deserialize_pt, iter_verified_members
-from gc25d_core.distributed import global_rank, world_size
 
 log = logging.getLogger("gc25d_core.cache")
 
@@ -171,10 +171,6 @@ def collate_samples(samples: Sequence[Sample]) -> dict[str, Any]:
     }
 
 
-def _popcount(x: int) -> int:
-    return x.bit_count()
-
-
 def _deal(items: Sequence[tuple[int, int]], n: int) -> list[list[int]]:
     """Greedy deal of (item, weight) in the given order over n bins; ties go to the lowest bin."""
     loads = [0] * n
@@ -188,11 +184,9 @@ def _deal(items: Sequence[tuple[int, int]], n: int) -> list[list[int]]:
 
 def _agree(obj: Any) -> Any:
     """Under an initialised process group, every rank gets rank 0's ``obj``."""
-    try:
+    if distributed.dist_active():
         import torch.distributed as dist
-    except ImportError:  # pragma: no cover
-        return obj
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -222,8 +216,8 @@ class StreamingCache(IterableDataset):
         super().__init__()
         self.store = store
         self.config = config or ConsumerConfig()
-        self.rank = global_rank() if rank is None else rank
-        self.world_size = _world() if world_size is None else world_size
+        self.rank = distributed.global_rank() if rank is None else rank
+        self.world_size = distributed.world_size() if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world of {self.world_size}")
         self.collate_fn = collate_fn
@@ -234,7 +228,6 @@ class StreamingCache(IterableDataset):
         self._failures: list[dict[str, Any]] = []
         self._quarantined: dict[str, str] = {}  # shard sha256 -> path
         self._basis_quarantined: frozenset[str] = frozenset()
-        self._verified: set[str] = set()
         self._started = False
         self._plan_cache: list[int] | None = None
         self._set_snapshot(self._resolve(manifest))
@@ -246,12 +239,12 @@ class StreamingCache(IterableDataset):
             return manifest
         if isinstance(manifest, ManifestRef):
             return read_pinned(self.store, manifest)
-        if isinstance(manifest, int):
-            ref = _agree(
-                read_snapshot(self.store, manifest).ref if self.rank == 0 or not _dist_on() else None
-            )
-            return read_pinned(self.store, ref)
-        ref = _agree(read_snapshot(self.store).ref if self.rank == 0 or not _dist_on() else None)
+        # a version number, or None = what manifest.json names: rank 0 reads, every rank pins that
+        ref = _agree(
+            read_snapshot(self.store, manifest).ref
+            if self.rank == 0 or not distributed.dist_active()
+            else None
+        )
         return read_pinned(self.store, ref)
 
     def _set_snapshot(self, snap: Snapshot) -> None:
@@ -296,7 +289,7 @@ class StreamingCache(IterableDataset):
                     continue
                 rem = self._eligible[i] & ~self._basis.get(sh.path, 0)
                 if rem:
-                    work.append((i, _popcount(rem)))
+                    work.append((i, rem.bit_count()))
             work.sort(key=lambda t: self._order_key(t[0]))
             self._plan_cache = _deal(work, self.world_size)[self.rank]
         return self._plan_cache
@@ -312,11 +305,11 @@ class StreamingCache(IterableDataset):
         for i in self._rank_plan():
             sh = self._shards[i]
             if sh.sha256 not in self._quarantined:
-                n += _popcount(self._eligible[i] & ~self._consumed.get(sh.path, 0))
+                n += (self._eligible[i] & ~self._consumed.get(sh.path, 0)).bit_count()
         return n
 
     def num_eligible(self) -> int:
-        return sum(_popcount(m) for m in self._eligible)
+        return sum(m.bit_count() for m in self._eligible)
 
     # -- worker side ----------------------------------------------------------------------------
 
@@ -332,7 +325,7 @@ class StreamingCache(IterableDataset):
             want = self._eligible[i] & ~consumed.get(sh.path, 0)
             if want:
                 jobs.append((i, want))
-        weights = [(k, _popcount(w)) for k, (_, w) in enumerate(jobs)]
+        weights = [(k, w.bit_count()) for k, (_, w) in enumerate(jobs)]
         mine = [jobs[k] for k in _deal(weights, nw)[wid]]
         return self._generate(mine, wid)
 
@@ -477,7 +470,6 @@ class StreamingCache(IterableDataset):
 
     def _on_event(self, ev: ShardEvent) -> None:
         if ev.ok:
-            self._verified.add(ev.shard)
             return
         rec: dict[str, Any] = {
             "epoch": ev.epoch,
@@ -557,9 +549,9 @@ class StreamingCache(IterableDataset):
 
     def gather_state_dict(self) -> dict[str, Any]:
         """Collective under torch.distributed: every rank gets the merged global state."""
-        import torch.distributed as dist
+        if distributed.dist_active():
+            import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             states: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(states, self.state_dict())
             return merge_state_dicts(states)
@@ -589,13 +581,16 @@ class StreamingCache(IterableDataset):
                 raise StateError(f"consumed entry {p}={hx} does not fit snapshot {ref.snapshot_id}")
             consumed[p] = mask
         self.epoch = int(state["epoch"])
+        self._failures = [dict(f) for f in state.get("failures", [])]
+        self._quarantined = dict(state.get("quarantined", {}))
+        self._begin_epoch(consumed)
+
+    def _begin_epoch(self, consumed: dict[str, int]) -> None:
+        """Per-epoch state from the samples already consumed in it (none for a new epoch)."""
         self._consumed = consumed
         self._basis = dict(consumed)
         self._received = dict(consumed)
-        self._failures = [dict(f) for f in state.get("failures", [])]
-        self._quarantined = dict(state.get("quarantined", {}))
         self._basis_quarantined = frozenset(self._quarantined)
-        self._verified = set()
         self._started = bool(consumed)
         self._plan_cache = None
 
@@ -613,11 +608,7 @@ class StreamingCache(IterableDataset):
         if require_complete and left:
             raise StateError(f"rank {self.rank}: {left} samples of epoch {self.epoch} not consumed yet")
         self.epoch += 1
-        self._consumed, self._basis, self._received = {}, {}, {}
-        self._basis_quarantined = frozenset(self._quarantined)
-        self._verified = set()
-        self._started = False
-        self._plan_cache = None
+        self._begin_epoch({})
         if refresh is not False:
             self.refresh(None if refresh is True else refresh)
 
@@ -630,18 +621,6 @@ class StreamingCache(IterableDataset):
             )
         self._set_snapshot(self._resolve(target))
         return self._snap.ref
-
-
-def _dist_on() -> bool:
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
-
-
-def _world() -> int:
-    return world_size()
 
 
 def merge_state_dicts(states: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -19,17 +19,10 @@ import torch.distributed as dist
 
 from gc25d_core.checkpoint import CheckpointDir
 from gc25d_core.config import Gc25dConfig
-from gc25d_core.distributed import barrier, global_rank, pick_backend, world_size
+from gc25d_core.distributed import all_reduce, barrier, global_rank, pick_backend, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.jobs.common import base_parser, run_job
 from gc25d_core.report import Reporter
-
-
-def _all_reduce_sum(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return float(t.item())
 
 
 def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
@@ -49,7 +42,7 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
     for step in range(start_step + 1, args.steps + 1):
         maybe_inject_fault(step, rep.retry_number)
         t0 = time.perf_counter()
-        got = _all_reduce_sum(float(rank + 1), device)
+        (got,) = all_reduce([float(rank + 1)], device)
         latencies.append(time.perf_counter() - t0)
         if got != expected_per_step:
             raise RuntimeError(f"all_reduce returned {got}, expected {expected_per_step} (step {step})")

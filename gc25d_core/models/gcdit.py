@@ -98,10 +98,12 @@ class TextContext:
             if num_groups is not None and p != num_groups:
                 raise ValueError(f"per-cell context has {p} prompts for {num_groups} cells")
             context_index = torch.arange(p, device=context.device)[None].expand(b, -1)
-        context_index = context_index.to(context.device).long()
-        if context_index.numel() and (int(context_index.min()) < 0 or int(context_index.max()) >= p):
-            raise ValueError(f"context_index outside the bank of {p} prompts")
-        return cls(context, context_index)
+        context_index = context_index.long()
+        if context_index.numel():  # checked where the index lives (a host index costs no device sync)
+            lo, hi = torch.aminmax(context_index)
+            if int(lo) < 0 or int(hi) >= p:
+                raise ValueError(f"context_index outside the bank of {p} prompts")
+        return cls(context, context_index.to(context.device))
 
     @property
     def num_groups(self) -> int | None:

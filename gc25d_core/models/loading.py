@@ -162,10 +162,9 @@ def build_gcdit_from_wan(
     from gc25d_core.models.configs import build_meta
 
     check_wan_keys(build_meta(cfg).state_dict().keys(), sd.keys())
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    enc = SemCondEncoder(cfg.vocab, dim=cfg.dim, hidden=cfg.sem_hidden)
-    torch.random.set_rng_state(gen_state)
+    with torch.random.fork_rng(devices=[]):  # the caller's CPU generator state is kept
+        torch.manual_seed(seed)
+        enc = SemCondEncoder(cfg.vocab, dim=cfg.dim, hidden=cfg.sem_hidden)
     sd.update({f"{SEM_COND_NAME}.{k}": v.to(torch.bfloat16) for k, v in enc.state_dict().items()})
     return _materialize(cfg, sd, device, dtype)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gc25d_core.atomic import atomic_write_text
-from gc25d_core.distributed import global_rank, shard, world_size
+from gc25d_core.distributed import dist_active, global_rank, shard, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.index import ClipRow
 from gc25d_core.report import Reporter
@@ -124,7 +124,7 @@ def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: P
 def gather_results(result: ShardResult) -> list[ShardResult]:
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or world_size() == 1:
+    if not dist_active():
         return [result]
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, result)

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_MIN_STEP = 6000
@@ -114,4 +114,4 @@ def pick_sft_run(
     """The pick over an SFT run folder; ``path`` is the chosen export."""
     exports = export_steps(run_dir)
     pick = pick_sft(read_val_scores(run_dir, metric), min_step=min_step, rel_tol=rel_tol, available=exports)
-    return SftPick(**{**pick.__dict__, "path": exports[pick.step]})
+    return replace(pick, path=exports[pick.step])

@@ -51,10 +51,9 @@ from typing import Any, Literal, cast
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from pydantic import Field, ValidationError, model_validator
 
-from gc25d_core.atomic import TMP_PREFIX, atomic_write_text
+from gc25d_core.atomic import atomic_write_text
 from gc25d_core.checkpoint import CheckpointDir, step_name
 from gc25d_core.config import (
     CONFIGS_DIR,
@@ -65,7 +64,7 @@ from gc25d_core.config import (
     read_yaml,
     to_yaml,
 )
-from gc25d_core.distributed import barrier, global_rank, world_size
+from gc25d_core.distributed import all_reduce, barrier, dist_active, global_rank, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.report import Reporter
@@ -332,17 +331,6 @@ def _stats(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return cast(dict[str, torch.Tensor], getattr(module, "last_stats", {}))
 
 
-def _dist_on() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def all_reduce(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if _dist_on():
-        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
-    return t.tolist()
-
-
 class JsonlLog:
     """Append-only JSON lines (rank 0); ``truncate_after(step)`` drops records a resume will redo."""
 
@@ -417,7 +405,9 @@ class TextBank:
         pos = {k: i for i, k in enumerate(uniq)}
         rows = torch.tensor([self.ids[k] for k in uniq], device=self.device)
         bank = self.table[rows]
-        index = torch.tensor([[pos[k] for k in ks] for ks in keys], device=self.device)
+        index = torch.tensor(
+            [[pos[k] for k in ks] for ks in keys]
+        )  # host: the model checks it without a sync
         return bank.unsqueeze(0).expand(len(keys), -1, -1, -1), index
 
 
@@ -605,6 +595,7 @@ class DeepSpeedEngine:
     """ZeRO-2 through ``deepspeed.initialize`` (client AdamW + LambdaLR, config from our pydantic one)."""
 
     name = "deepspeed"
+    autocast = False  # DeepSpeed's bf16 mode holds bf16 weights; no autocast around forwards
 
     def __init__(self, model: torch.nn.Module, sft: SftConfig, ds_config: dict[str, Any]):
         import deepspeed
@@ -656,7 +647,7 @@ class TorchEngine:
         self.optimizer, self.scheduler = build_optimizer(model, sft.optim)
         self.grad_accum, self.clip = sft.grad_accum, sft.optim.grad_clip
         self.wrapped: torch.nn.Module = model
-        if _dist_on():
+        if dist_active():
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [device.index] if device.type == "cuda" else None
@@ -723,10 +714,9 @@ def build_model(cfg: Gc25dConfig, sft: SftConfig, device: torch.device, dtype: t
     dit_cfg = dit_config_of(cfg, sft)
     m = sft.model
     if m.init == "random":
-        state = torch.random.get_rng_state()
-        torch.manual_seed(m.init_seed)
-        model = build_gcdit(dit_cfg, device=device, dtype=dtype)
-        torch.random.set_rng_state(state)
+        with torch.random.fork_rng(devices=[]):  # the caller's CPU generator state is kept
+            torch.manual_seed(m.init_seed)
+            model = build_gcdit(dit_cfg, device=device, dtype=dtype)
     elif m.init == "wan":
         from gc25d_core.models.loading import build_gcdit_from_wan, wan_shard_paths
 
@@ -818,11 +808,7 @@ class SftTrainer:
                     shutil.rmtree(self.run_dir / name, ignore_errors=True)
                 for name in (*LOG_FILES, "done.json"):
                     (self.run_dir / name).unlink(missing_ok=True)
-            root = self.state_dir.root
-            if root.is_dir():  # temp folders of a save that was killed
-                for p in root.iterdir():
-                    if p.name.startswith(TMP_PREFIX):
-                        shutil.rmtree(p, ignore_errors=True)
+            self.state_dir.clean_tmp()
             self.export_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.run_dir / "sft_resolved.yaml", to_yaml(self.sft))
         barrier()
@@ -942,7 +928,7 @@ class SftTrainer:
         """Collective: every rank writes its part into one temp folder, rank 0 moves it into place
         and keeps the newest ``state_slots``."""
         data = self.ds.gather_state_dict()  # collective
-        tmp = self.state_dir.root / f"{TMP_PREFIX}{step_name(step)}"
+        tmp = self.state_dir.shared_tmp(step)
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -953,14 +939,10 @@ class SftTrainer:
             atomic_write_text(tmp / "data.json", json.dumps(data, sort_keys=True))
             atomic_write_text(tmp / "trainer.json", json.dumps(self._trainer_meta(step), sort_keys=True))
         barrier()
-        final = self.state_dir.path(step)
         if self.rank == 0:
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            self.state_dir._rotate()
+            self.state_dir.commit(tmp, step)
         barrier()
-        return final
+        return self.state_dir.path(step)
 
     def _resume_point(self) -> tuple[int, Path | None, dict[str, Any] | None]:
         latest = None if self.fresh else self.state_dir.latest()
@@ -1120,7 +1102,6 @@ class SftTrainer:
         module.eval()
         ts = [float(self.schedule.timestep_at(self.schedule.index_of(t))) for t in self.sft.val.timesteps]
         sums = np.zeros(len(VAL_MODES) * len(ts) + 1)
-        autocast = self.precision == "bf16" and self.sft.engine == "ddp"
         for clip in self.val_clips[self.rank :: self.world]:
             for j, (t_req, t) in enumerate(zip(self.sft.val.timesteps, ts, strict=True)):
                 gen = generator(self.sft.val.seed, "val", clip.sample_id, t_req)
@@ -1128,7 +1109,7 @@ class SftTrainer:
                 for i, mode in enumerate(VAL_MODES):
                     ids = torch.full_like(clip.ids, UNKNOWN) if mode == "uncond" else clip.ids
                     keys = [NULL_KEY] * len(clip.keys) if mode == "null_text" else clip.keys
-                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.engine.autocast):
                         pred = module(**self._model_kwargs(x_t, t, [keys], ids[None]))
                     sums[i * len(ts) + j] += float(self._mse(pred, target))
                     if mode == "cond":
