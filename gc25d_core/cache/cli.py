@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gc25d_core.cache.errors import CacheError
-from gc25d_core.cache.manifest import SCHEMAS, SplitRule
+from gc25d_core.cache.manifest import SCHEMAS, SplitRule, snapshot_id
 from gc25d_core.cache.publish import (
     entries_from_listing,
     entries_from_manifest,
@@ -97,7 +97,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         dt = time.monotonic() - t0
     _result(
         {
-            "snapshot": f"v{r.version:06d}",
+            "snapshot": snapshot_id(r.version),
             "commit": r.commit,
             "ok": r.ok,
             "shards_ok": r.shards,

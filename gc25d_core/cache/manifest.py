@@ -50,9 +50,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from gc25d_core.cache.errors import ManifestError, SampleSchemaError
+from gc25d_core.config import Strict
 
 MANIFEST_FORMAT = "gc25d_cache_manifest_v1"
 RECEIPT_FORMAT = "gc25d_cache_receipt_v1"
@@ -75,12 +76,6 @@ SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 VERSION_PATH_RE = re.compile(r"^manifests/v(\d{6,})\.json$")
 
 SPLITS = ("train", "val")
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors; instances are immutable (same convention as gc25d_core.config)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def is_commit(rev: object) -> bool:
@@ -563,6 +558,12 @@ class ManifestRef(Strict):
 
 def snapshot_id(version: int) -> str:
     return f"v{version:06d}"
+
+
+def parse_snapshot_id(key: str) -> int | None:
+    """The version of a snapshot id exactly as ``snapshot_id`` writes it ("v000123" -> 123), else None."""
+    m = re.fullmatch(r"v(\d{6,})", key)
+    return int(m.group(1)) if m and snapshot_id(int(m.group(1))) == key else None
 
 
 def version_path(version: int) -> str:

@@ -38,7 +38,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import time
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -49,7 +48,7 @@ from typing import IO, Any
 
 from pydantic import Field
 
-from gc25d_core.atomic import TMP_PREFIX, atomic_write_bytes
+from gc25d_core.atomic import atomic_path, atomic_write_bytes
 from gc25d_core.cache.errors import (
     AlreadyExistsError,
     CommitUncertainError,
@@ -59,6 +58,7 @@ from gc25d_core.cache.errors import (
     StoreError,
 )
 from gc25d_core.cache.manifest import POINTER_PATH, Strict, check_commit, check_store_path, is_commit
+from gc25d_core.hashing import sha256_file
 
 MUTABLE_PATHS = frozenset({POINTER_PATH})
 
@@ -77,21 +77,13 @@ class Addition:
         if self.data is not None:
             return hashlib.sha256(self.data).hexdigest()
         assert self.file is not None
-        return _file_sha256(self.file)
+        return sha256_file(self.file)
 
     def to_bytes(self) -> bytes:
         if self.data is not None:
             return self.data
         assert self.file is not None
         return self.file.read_bytes()
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
 
 
 def as_additions(files: Mapping[str, bytes | Addition]) -> dict[str, Addition]:
@@ -263,28 +255,17 @@ class LocalStore(Store):
                 fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
 
     def _place(self, dest: Path, add: Addition) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{dest.name}.", dir=dest.parent)
-        os.close(fd)
-        try:
+        """Atomic write of one file; dest is either absent or an unlisted orphan."""
+        with atomic_path(dest) as tmp:
             if add.data is not None:
-                with open(tmp, "wb") as f:
-                    f.write(add.data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                tmp.write_bytes(add.data)
             else:
                 assert add.file is not None
-                os.unlink(tmp)
+                tmp.unlink()
                 try:
                     os.link(add.file, tmp)  # same filesystem: no copy
                 except OSError:
                     shutil.copyfile(add.file, tmp)
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-            os.replace(tmp, dest)  # dest is either absent or an unlisted orphan
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
     def commit(
         self,

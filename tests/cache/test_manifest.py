@@ -93,3 +93,12 @@ def test_gc25d_sample_from_layout_records():
     assert t["latent"].untyped_storage().nbytes() == 48 * 21 * 30 * 52 * 2
     dims = validate_sample(get_schema(SCHEMA_GC25D), t, m)
     assert dims == {"H": 30, "W": 52, "h": 8, "w": 8}
+
+
+def test_snapshot_id_round_trip():
+    from gc25d_core.cache.manifest import parse_snapshot_id, snapshot_id
+
+    for v in (1, 123, 999_999, 1_000_000):
+        assert parse_snapshot_id(snapshot_id(v)) == v
+    for bad in ("v12345", "v0000001", "x000001", "v000001 ", "v00001a", ""):
+        assert parse_snapshot_id(bad) is None

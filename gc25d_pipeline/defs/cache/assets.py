@@ -4,6 +4,7 @@ one partition per immutable snapshot, verified before anything trains on it."""
 import dagster as dg
 
 from gc25d_core.cache.from_layout import open_cache_store, pack_and_publish
+from gc25d_core.cache.manifest import parse_snapshot_id
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
@@ -17,10 +18,11 @@ dataset_manifest = dg.AssetSpec(
 
 
 def snapshot_version(key: str) -> int:
-    """ "v000123" → 123 (partition keys come from the sensor, which writes them this way)."""
-    if len(key) != 7 or key[0] != "v" or not key[1:].isdigit():
+    """ "v000123" → 123 (partition keys come from the sensor, which writes them with snapshot_id)."""
+    version = parse_snapshot_id(key)
+    if version is None:
         raise dg.Failure(f"partition key {key!r} is not a snapshot id like v000123")
-    return int(key[1:])
+    return version
 
 
 class _LogReporter:
@@ -50,7 +52,7 @@ def cache_snapshot(context: dg.AssetExecutionContext, project: Gc25dProject) -> 
     store = open_cache_store(cfg)
     version = snapshot_version(context.partition_key)
     snap = read_snapshot(store, version)
-    report = verify_snapshot(store, version, deep=True)
+    report = verify_snapshot(store, version, revision=snap.ref.commit, deep=True)  # the commit reported
     if not report.ok:
         raise dg.Failure(
             f"snapshot {context.partition_key} failed verification",
