@@ -58,12 +58,11 @@ from typing import Any
 
 import numpy as np
 
-from gc25d_core.capsules import PixelRays, as_matrix, render_capsules
+from gc25d_core.capsules import PixelRays, as_matrix, dst_sample_coords, render_capsules
 from gc25d_core.config import GeometryConfig, TimelineConfig
-from gc25d_core.geometry import index_maps, src_to_dst
-from gc25d_core.vocab import UNKNOWN
+from gc25d_core.geometry import src_to_dst
+from gc25d_core.vocab import NUM_STATIC, UNKNOWN
 
-NUM_STATIC = 7  # raw 0..6
 _EPS = 1e-12
 
 
@@ -143,14 +142,6 @@ def plane_to_src(world_to_clip: Any, z: float, width: int, height: int) -> np.nd
     return k @ p
 
 
-def sample_grid(geometry: GeometryConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(sx, sy) f64 [H·W]: the source pixel each destination pixel samples (as resample_ids does)."""
-    idx_y, idx_x = index_maps(geometry)
-    sx = np.broadcast_to(idx_x.astype(np.float64)[None, :], (geometry.dst_height, geometry.dst_width))
-    sy = np.broadcast_to(idx_y.astype(np.float64)[:, None], (geometry.dst_height, geometry.dst_width))
-    return sx.ravel(), sy.ravel()
-
-
 def ray_dirs(cam: FrameCamera, sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     """Unit world ray directions f64 [N,3] of source pixels (sx, sy) [N].
 
@@ -172,7 +163,7 @@ def ray_dirs(cam: FrameCamera, sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
 def pixel_angles(cam: FrameCamera, geometry: GeometryConfig) -> tuple[float, float]:
     """(smallest, largest) angle in rad between the rays of adjacent destination pixels: at the image
     corners and at the centre (perspective pixels subtend less towards the corners)."""
-    sx, sy = sample_grid(geometry)
+    sx, sy = dst_sample_coords(geometry)
     w, h = geometry.dst_width, geometry.dst_height
     at = np.array([0, w - 2, (h - 2) * w, (h - 2) * w + w - 2, (h // 2) * w + w // 2])
     pairs = np.concatenate([np.stack([at, at + 1], 1), np.stack([at, at + w], 1)]).ravel()
@@ -597,7 +588,7 @@ class Canvas:
     def render(self, cam: FrameCamera) -> np.ndarray:
         """Static ids uint8 [H·W] seen by ``cam``, 255 where unseen."""
         g, p = self.geometry, self.params
-        sx, sy = sample_grid(g)
+        sx, sy = dst_sample_coords(g)
         hit = ground_hits(cam, sx, sy, g)
         packed = np.zeros(len(sx), np.uint16)
         on = np.flatnonzero(hit.hit & (np.hypot(*(hit.coords - self.centre).T) <= p.radius_cm))
@@ -655,7 +646,7 @@ def build_canvas(
     if centre is None:
         centre = np.mean([c.eye[:2] for c in cams], axis=0)
     centre = np.asarray(centre, np.float64)
-    sx, sy = sample_grid(geometry)
+    sx, sy = dst_sample_coords(geometry)
     hits = [ground_hits(cam, sx, sy, geometry) for cam in cams]
     roles = pixel_roles(cond_ids, cams, hits, geometry, params)
     ground, dome = Pyramid(params.cell_cm, params.levels), Pyramid(params.cell_cm, params.levels)
@@ -683,7 +674,7 @@ def build_canvas(
         seen[roles[f] == ROLE_SKY] = np.inf
         seen[idx] = pt_depth
         if len(pts_all):
-            keep = ~_seen_through(cam, pts_all, seen, params.carve_tol, geometry)
+            keep = ~_through_or_before(cam, pts_all, seen, params.carve_tol, geometry)[0]
             pts_all, packed_all, size_all = pts_all[keep], packed_all[keep], size_all[keep]
         pts_all = np.concatenate([pts_all, pts])
         packed_all = np.concatenate([packed_all, packed[idx]])
@@ -712,29 +703,12 @@ def build_canvas(
     return Canvas(ground, dome, uprights, float(z), centre, geometry, params)
 
 
-def _seen_through(
-    cam: FrameCamera, points: np.ndarray, seen: np.ndarray, tol: float, geometry: GeometryConfig
-) -> np.ndarray:
-    """bool [N]: ``cam``'s pixel at each point sees farther than the point (``seen``: view depth f64
-    [H·W] of what the pixel shows, inf for sky, NaN / −inf where unknown) by more than ``tol``."""
-    h, w = geometry.dst_height, geometry.dst_width
-    dx, dy, depth, _ = project_dst(cam, points, geometry)
-    with np.errstate(invalid="ignore"):
-        ix, iy = np.round(dx), np.round(dy)
-        inside = (depth > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
-    pix = (iy[inside] * w + ix[inside]).astype(np.int64)
-    out = np.zeros(len(points), bool)
-    with np.errstate(invalid="ignore"):
-        out[inside] = seen[pix] > depth[inside] * (1.0 + tol)
-    return out
-
-
 def _through_or_before(
     cam: FrameCamera, points: np.ndarray, seen: np.ndarray, tol: float, geometry: GeometryConfig
 ) -> tuple[np.ndarray, np.ndarray]:
     """(through, before) bool [N]: ``cam``'s pixel at each point sees farther than the point by more
-    than ``tol`` / sees something at most that far (``seen`` as in ``_seen_through``; −inf, NaN:
-    neither)."""
+    than ``tol`` / sees something at most that far. ``seen``: view depth f64 [H·W] of what each pixel
+    shows, inf for sky, NaN / −inf where unknown (neither)."""
     h, w = geometry.dst_height, geometry.dst_width
     dx, dy, depth, _ = project_dst(cam, points, geometry)
     with np.errstate(invalid="ignore"):

@@ -33,10 +33,10 @@ import numpy as np
 
 from gc25d_core.capsules import ground_points
 from gc25d_core.config import GeometryConfig
-from gc25d_core.vocab import UNKNOWN
+from gc25d_core.vocab import NUM_STATIC, UNKNOWN
 
 POOL = 4
-NUM_STATIC = 7  # raw 0..6
+
 P_ONE_PLANE = 0.7
 Q_ONE = (0.05, 0.40)
 Q_TWO = (0.05, 0.25)

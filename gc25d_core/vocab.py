@@ -28,6 +28,7 @@ STATIC_IDS: dict[int, str] = {
     5: "vegetation",
     6: "prop",
 }
+NUM_STATIC = len(STATIC_IDS)  # static ids are exactly 0..NUM_STATIC-1
 PART_NAMES: tuple[str, ...] = ("core", "l_arm", "r_arm", "l_leg", "r_leg", "weapon")
 PLAYER_PART_IDS: tuple[int, ...] = (10, 12, 13, 14, 15, 16)
 BOSS_PART_IDS: tuple[int, ...] = (11, 17, 18, 19, 20, 21)

@@ -26,10 +26,9 @@ from gc25d_core.canvas import (
     ray_dirs,
     render_frames,
     render_static,
-    sample_grid,
     static_agreement,
 )
-from gc25d_core.capsules import PixelRays, ground_points, render_capsules
+from gc25d_core.capsules import PixelRays, dst_sample_coords, ground_points, render_capsules
 from gc25d_core.geometry import src_to_dst
 from gc25d_core.layout import Shapes, read_cond, read_cond_ext, read_meta
 from gc25d_core.preprocess.canvas_task import ext_canvas_task, ext_text
@@ -56,7 +55,7 @@ def test_plane_and_rays_match_capsules(mini_world: MiniWorld, clip):
     g = mini_world.cfg.geometry
     m, v = meta["world_to_clip"][10], meta["world_to_view"][10]
     cam = FrameCamera.of(m, v, 0.0, g.src_width, g.src_height)
-    sx, sy = sample_grid(g)
+    sx, sy = dst_sample_coords(g)
     hit = ground_hits(cam, sx, sy, g)
     dx, dy = src_to_dst(sx, sy, g)
     ref = ground_points(m, v, 0.0, g, np.stack([dx, dy], axis=-1))
@@ -75,7 +74,7 @@ def test_plane_and_rays_match_capsules(mini_world: MiniWorld, clip):
 def test_pop_up_depth_against_the_code_world(mini_world: MiniWorld, clip):
     """Upright pixels stand at their true distance (the scene's ray depth), far better than the
     ground-plane smear; rock / vegetation patches on the plane vote ground, standing ones upright."""
-    from gc25d_core.canvas import _cameras, sample_grid, upright_points
+    from gc25d_core.canvas import _cameras, upright_points
     from gc25d_core.codeworld import get_preset
     from gc25d_core.codeworld.scene import GridRays, build_scene
     from gc25d_core.codeworld.scene import render_static as scene_static
@@ -87,7 +86,7 @@ def test_pop_up_depth_against_the_code_world(mini_world: MiniWorld, clip):
     scene = build_scene(spec.scene_seed, spec.look_at(row.start + 40).seed)
     n = tl.num_frames
     cams = _cameras(meta["world_to_clip"][:n], meta["world_to_view"][:n], canvas_plane_z(meta, tl), g)
-    sx, sy = sample_grid(g)
+    sx, sy = dst_sample_coords(g)
     hits = [ground_hits(c, sx, sy, g) for c in cams]
     roles = pixel_roles(cond, cams, hits, g, CanvasParams())
     iy, ix = index_maps(g)

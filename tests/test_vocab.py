@@ -14,6 +14,7 @@ def test_raw_ids():
         5: "vegetation",
         6: "prop",
     }
+    assert V.NUM_STATIC == 7  # "static" = raw id < 7 (masking, canvas agreement)
     assert V.PLAYER_PART_IDS == (10, 12, 13, 14, 15, 16)
     assert V.BOSS_PART_IDS == (11, 17, 18, 19, 20, 21)
     assert V.UNKNOWN == 255

@@ -26,10 +26,9 @@ from gc25d_core.layout import (
     read_meta,
     write_cond_ext,
 )
+from gc25d_core.preprocess.clips import ext_block_prompts
 from gc25d_core.preprocess.runner import ClipTask
 from gc25d_core.preprocess.tasks import RunCache
-from gc25d_core.text import block_to_prompt, text_data
-from gc25d_core.timeline import ext_blocks
 
 
 def ext_text(
@@ -41,9 +40,7 @@ def ext_text(
     if npz_matches(path, cond_ext_expected(shapes)):
         with np.load(path, allow_pickle=False) as z:  # members load lazily: ids stay compressed
             return z["blocks"], z["prompts"]
-    blocks = ext_blocks(runs(row).actions_block, row.start, cfg.timeline)
-    data = text_data(cfg.text)
-    return blocks, np.asarray([block_to_prompt(b, data) for b in blocks], dtype=str)
+    return ext_block_prompts(runs(row), row.start, cfg)
 
 
 def ext_canvas_task(cfg: Gc25dConfig, params: CanvasParams | None = None) -> ClipTask:

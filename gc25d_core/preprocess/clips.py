@@ -40,13 +40,19 @@ def build_cond(run: RunDir, start: int, cfg: Gc25dConfig) -> np.ndarray:
     return cond_frames(run, range(start, start + cfg.timeline.num_frames), cfg)
 
 
-def build_cond_ext(run: RunDir, start: int, cfg: Gc25dConfig) -> dict[str, np.ndarray]:
+def ext_block_prompts(run: RunDir, start: int, cfg: Gc25dConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks uint8 [7,5], prompts [7]) of the clip's extension cells, from the run's actions."""
     blocks = ext_blocks(run.actions_block, start, cfg.timeline)
     data = text_data(cfg.text)
+    return blocks, np.asarray([block_to_prompt(b, data) for b in blocks], dtype=str)
+
+
+def build_cond_ext(run: RunDir, start: int, cfg: Gc25dConfig) -> dict[str, np.ndarray]:
+    blocks, prompts = ext_block_prompts(run, start, cfg)
     return {
         "ids": cond_frames(run, extension_frames(start, cfg.timeline), cfg),
         "blocks": blocks,
-        "prompts": np.asarray([block_to_prompt(b, data) for b in blocks], dtype=str),
+        "prompts": prompts,
     }
 
 
