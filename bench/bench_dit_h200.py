@@ -266,6 +266,7 @@ class Bench:
             m.zero_grad(set_to_none=True)
 
     def probe_deploy(self, tag: str = "") -> None:
+        from gc25d_core.flow import DEPLOY_AXIS
         from gc25d_core.models.causal import denoise_cell
         from gc25d_core.models.configs import DEPLOY_CAUSAL
         from gc25d_core.models.gcdit import TextContext
@@ -273,7 +274,7 @@ class Bench:
 
         m = self.model
         spec = DEPLOY_CAUSAL
-        axis = (1000.0, 937.5, 833.3333, 625.0)
+        axis = DEPLOY_AXIS.timesteps
         first = spec.sink + spec.window  # the window is full from this cell on
         total = first + 1 + self.args.reps + 1
         frames = 1 + 4 * (total - 1)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = sorted(read_index(layout), key=lambda r: r.clip_id)[: args.clips]
     runs = RunCache(Path(cfg.raw.root))
     vae = build_vae_for(cfg, torch.device("cpu"))
-    classes = [*valid_raw_ids("parts"), 255]
+    classes = list(valid_raw_ids("parts"))  # UNKNOWN (255) included
     lut = np.zeros(256, np.int64)
     lut[classes] = np.arange(len(classes))
     rgb_x, ids_x, lat = [], [], []

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from gc25d_core.flow import NUM_TRAIN_TIMESTEPS
 from gc25d_core.models.configs import CausalConfig
 
 if TYPE_CHECKING:
@@ -351,7 +352,7 @@ class KVStepAttention:
 
 
 def sigma_of(t: float) -> float:
-    return float(t) / 1000.0
+    return float(t) / NUM_TRAIN_TIMESTEPS
 
 
 def _noise_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

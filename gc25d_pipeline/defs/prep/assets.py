@@ -1,4 +1,4 @@
-"""SPEC §5 processed data: cond, meta and cond_ext as sharded, resumable torchrun jobs."""
+"""SPEC §5 processed data: cond, clip_meta, cond_ext, ext_canvas and latents as sharded, resumable torchrun jobs."""
 
 from pathlib import Path
 
