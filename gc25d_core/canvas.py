@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from gc25d_core.capsules import PixelRays, as_matrix, dst_sample_coords, render_capsules
+from gc25d_core.capsules import PixelRays, as_matrix, dst_sample_coords, project_src, render_capsules
 from gc25d_core.config import GeometryConfig, TimelineConfig
 from gc25d_core.geometry import src_to_dst
 from gc25d_core.vocab import NUM_STATIC, UNKNOWN
@@ -131,6 +131,10 @@ class FrameCamera:
             height=height,
         )
 
+    def rays(self, sx: np.ndarray, sy: np.ndarray) -> PixelRays:
+        """The world rays through source pixels (sx, sy) [N] (capsules.PixelRays)."""
+        return PixelRays.through(sx, sy, self.world_to_clip, self.world_to_view, self.width, self.height)
+
 
 def plane_to_src(world_to_clip: Any, z: float, width: int, height: int) -> np.ndarray:
     """3×3 homography of the plane z: (x, y, 1) → (sx·w, sy·w, w), w = clip w (> 0 in front for
@@ -143,21 +147,9 @@ def plane_to_src(world_to_clip: Any, z: float, width: int, height: int) -> np.nd
 
 
 def ray_dirs(cam: FrameCamera, sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
-    """Unit world ray directions f64 [N,3] of source pixels (sx, sy) [N].
-
-    The ray of NDC (nx, ny) lies in the planes (M0 − nx·M3)·X̃ = 0 and (M1 − ny·M3)·X̃ = 0, so its
-    direction is the cross product of their normals, oriented so that view depth grows along it.
-    """
-    m = cam.world_to_clip
-    nx = (np.asarray(sx, np.float64) + 0.5) * 2.0 / cam.width - 1.0
-    ny = 1.0 - (np.asarray(sy, np.float64) + 0.5) * 2.0 / cam.height
-    c01 = np.cross(m[0, :3], m[1, :3])
-    c03 = np.cross(m[0, :3], m[3, :3])
-    c31 = np.cross(m[3, :3], m[1, :3])
-    d = c01[None, :] - ny[:, None] * c03[None, :] - nx[:, None] * c31[None, :]
-    sign = np.sign(d @ cam.world_to_view[2, :3])
-    d = d * np.where(sign == 0, 1.0, sign)[:, None]
-    return d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), _EPS)
+    """Unit world ray directions f64 [N,3] of source pixels (sx, sy) [N], oriented so that view depth
+    grows along them; NaN where the camera has no such ray (``cam.rays``, capsules.PixelRays)."""
+    return cam.rays(sx, sy).direction
 
 
 def pixel_angles(cam: FrameCamera, geometry: GeometryConfig) -> tuple[float, float]:
@@ -237,15 +229,11 @@ def project_dst(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """World points f64 [N,3] → (destination x, y f64 [N], view depth f64 [N], destination pixels per
     cm across the view at the point f64 [N])."""
-    m, v = cam.world_to_clip, cam.world_to_view
-    clip = points @ m[:3, :3].T + m[:3, 3]
-    w = points @ m[3, :3] + m[3, 3]
+    src_x, src_y, w = project_src(points, cam.world_to_clip, cam.width, cam.height)
+    v = cam.world_to_view
     with np.errstate(invalid="ignore", divide="ignore"):
-        inv_w = 1.0 / w
-        src_x = (clip[:, 0] * inv_w + 1.0) * cam.width / 2.0 - 0.5
-        src_y = (1.0 - clip[:, 1] * inv_w) * cam.height / 2.0 - 0.5
         # one cm along the view's right axis moves the projection by m0·right / w source pixels
-        px_src = np.abs(m[0, :3] @ v[0, :3]) * inv_w * cam.width / 2.0
+        px_src = np.abs(cam.world_to_clip[0, :3] @ v[0, :3]) / w * cam.width / 2.0
     dx, dy = src_to_dst(src_x, src_y, geometry)
     scale = geometry.dst_width / (geometry.crop_x1 - geometry.crop_x0)
     depth = points @ v[2, :3] + v[2, 3]
@@ -318,7 +306,7 @@ def upright_points(
     of the same id that has one, else they are dropped."""
     h, w = geometry.dst_height, geometry.dst_width
     role, cid = roles.reshape(h, w), ids.reshape(h, w).astype(np.int64)
-    rays = PixelRays.through(sx, sy, cam.world_to_clip, cam.world_to_view, cam.width, cam.height)
+    rays = cam.rays(sx, sy)
     o, d = rays.origin.reshape(h, w, 3), rays.direction.reshape(h, w, 3)
     gxy, gok = hit.coords.reshape(h, w, 2), hit.hit.reshape(h, w)
     # the foot: where the boundary between a pixel and the one below it meets the ground
@@ -669,9 +657,7 @@ def build_canvas(
         pts, idx = upright_points(roles[f], flat, cam, hit, sx, sy, geometry)
         _, _, pt_depth, px_per_cm = project_dst(cam, pts, geometry)
         # latest wins along the rays: this frame's view replaces earlier points it sees through
-        seen = np.full(h * w, np.nan)
-        seen[roles[f] == ROLE_GROUND] = hit.depth[roles[f] == ROLE_GROUND]
-        seen[roles[f] == ROLE_SKY] = np.inf
+        seen = _plane_depth(roles[f], hit)
         seen[idx] = pt_depth
         if len(pts_all):
             keep = ~_through_or_before(cam, pts_all, seen, params.carve_tol, geometry)[0]
@@ -686,10 +672,7 @@ def build_canvas(
         support = np.zeros(len(pts_all), np.int64)
         stamp = packed_all >> 8
         for f, cam in enumerate(cams):
-            exact = np.full(h * w, np.nan)
-            gr = roles[f] == ROLE_GROUND
-            exact[gr] = hits[f].depth[gr]
-            exact[roles[f] == ROLE_SKY] = np.inf
+            exact = _plane_depth(roles[f], hits[f])
             eroded = _min3x3(np.nan_to_num(exact, nan=-np.inf).reshape(h, w)).reshape(-1)
             other = stamp != f + 1
             thr, sup = _through_or_before(cam, pts_all, eroded, params.carve_all_tol, geometry)
@@ -701,6 +684,16 @@ def build_canvas(
         pyr.propagate()
     uprights = Uprights.merge(pts_all, packed_all, size_all, params)
     return Canvas(ground, dome, uprights, float(z), centre, geometry, params)
+
+
+def _plane_depth(role: np.ndarray, hit: GroundHits) -> np.ndarray:
+    """View depth f64 [H·W] of what one frame's plane layers show: its ground pixels' plane depth, inf
+    for its sky pixels, NaN elsewhere."""
+    depth = np.full(len(role), np.nan)
+    ground = role == ROLE_GROUND
+    depth[ground] = hit.depth[ground]
+    depth[role == ROLE_SKY] = np.inf
+    return depth
 
 
 def _through_or_before(
