@@ -1,16 +1,14 @@
-"""Session fixture: one code-world v10 run (R10_s1512 of the full preset: 81 + 28 frames, a look
+"""The mini world: one code-world v10 run (R10_s1512 of the full preset: 81 + 28 frames, a look
 change at frame 81) at the tiny geometry, indexed, with cond, meta and cond_ext built.
 
-Import it into a test module (``from .canvas_fixtures import mini_world``) to use it. About 10 s on
-one core, a tenth of the whole tiny preset.
+Tests get it from the session fixture ``mini_world`` (tests/conftest.py), built once per session.
+About 10 s on one core, a tenth of the whole tiny preset.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.codeworld import TINY_GEOMETRY, get_preset
@@ -30,17 +28,7 @@ class MiniWorld:
     row: ClipRow
 
 
-_BUILT: list[MiniWorld] = []  # one build per session even when several modules import the fixture
-
-
-@pytest.fixture(scope="session")
-def mini_world(tmp_path_factory: pytest.TempPathFactory) -> MiniWorld:
-    if not _BUILT:
-        _BUILT.append(_build(tmp_path_factory.mktemp("mini_world")))
-    return _BUILT[0]
-
-
-def _build(root: Path) -> MiniWorld:
+def build_mini_world(root: Path) -> MiniWorld:
     spec = next(s for s in get_preset("full").runs(0) if s.run == RUN)
     write_run(root / "raw", spec, TINY_GEOMETRY)
     atomic_write_text(root / "raw" / "index" / "clips_81.json", clips_index([spec]).model_dump_json(indent=1))

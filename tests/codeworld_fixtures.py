@@ -1,6 +1,6 @@
-"""Session fixture: the code world's tiny preset generated once into a tmp folder.
+"""The code world's tiny preset generated into a folder.
 
-Import the fixture into a test module (``from .codeworld_fixtures import tiny_raw``) to use it.
+Tests get it from the session fixture ``tiny_raw`` (tests/conftest.py), generated once per session.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from gc25d_core.codeworld import generate
 
@@ -22,9 +20,7 @@ class TinyRaw:
     wall_s: float
 
 
-@pytest.fixture(scope="session")
-def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> TinyRaw:
-    root = tmp_path_factory.mktemp("codeworld") / "raw"
+def generate_tiny_raw(root: Path) -> TinyRaw:
     t0 = time.monotonic()
     summary = generate(root, "tiny", seed=0)
     return TinyRaw(root, summary, time.monotonic() - t0)

@@ -109,5 +109,19 @@ def write_index_raw(
     return root
 
 
-# the code world's tiny dataset, generated once per test session (shared by every module)
-from tests.codeworld_fixtures import tiny_raw  # noqa: E402,F401
+# Session worlds: defined here once, so that every module shares one build (a fixture imported into
+# several test modules is a separate fixture in each, built again).
+from tests.canvas_fixtures import MiniWorld, build_mini_world  # noqa: E402
+from tests.codeworld_fixtures import TinyRaw, generate_tiny_raw  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> TinyRaw:
+    """The code world's tiny dataset (tests/codeworld_fixtures.py)."""
+    return generate_tiny_raw(tmp_path_factory.mktemp("codeworld") / "raw")
+
+
+@pytest.fixture(scope="session")
+def mini_world(tmp_path_factory: pytest.TempPathFactory) -> MiniWorld:
+    """One code-world run with cond, meta and cond_ext built (tests/canvas_fixtures.py)."""
+    return build_mini_world(tmp_path_factory.mktemp("mini_world"))

@@ -2,8 +2,6 @@
 pop-up points against the code world's true depth, latest wins, unseen = 255, characters from the meta
 capsules, agreement on the code world, and the task."""
 
-# ruff: noqa: F811  (mini_world is a session fixture imported from canvas_fixtures)
-
 from __future__ import annotations
 
 import shutil
@@ -35,7 +33,7 @@ from gc25d_core.preprocess.canvas_task import ext_canvas_task, ext_text
 from gc25d_core.preprocess.tasks import RunCache
 from gc25d_core.vocab import CHARACTER_IDS, UNKNOWN
 
-from .canvas_fixtures import MiniWorld, mini_world  # noqa: F401
+from .canvas_fixtures import MiniWorld
 
 
 @pytest.fixture(scope="module")

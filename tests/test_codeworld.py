@@ -1,8 +1,6 @@
 """The code world: tiny preset on disk (raw layout, reader, index rules), determinism, idempotence,
 camera centring, round trips against the generator's own part labels, and reader rejections."""
 
-# ruff: noqa: F811  (tiny_raw is a session fixture imported from codeworld_fixtures)
-
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +27,7 @@ from gc25d_core.text import block_to_key, check_block
 from gc25d_core.timeline import extension_valid
 from gc25d_core.vocab import valid_raw_ids
 
-from .codeworld_fixtures import TinyRaw, tiny_raw  # noqa: F401
+from .codeworld_fixtures import TinyRaw
 
 GEOM = TINY_GEOMETRY
 TL = TimelineConfig()

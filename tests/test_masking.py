@@ -2,8 +2,6 @@
 within binomial bounds, calibration bound, characters never masked, NaN ground points masked,
 pooled-grid upsampling, reproducibility."""
 
-# ruff: noqa: F811  (mini_world is a session fixture imported from canvas_fixtures)
-
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +25,7 @@ from gc25d_core.masking import (
 )
 from gc25d_core.vocab import CHARACTER_IDS, UNKNOWN
 
-from .canvas_fixtures import MiniWorld, mini_world  # noqa: F401
+from .canvas_fixtures import MiniWorld
 
 
 def _within_binomial(hits: int, n: int, p: float, sigmas: float = 4.5) -> bool:
