@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.distributed import dist_active, global_rank, shard, world_size
@@ -48,7 +48,15 @@ class ClipFailuresError(RuntimeError):
 
 
 OnClip = Callable[[ClipRow, int], None]
-OnError = Callable[[ClipRow, str], None]
+
+
+class OnError(Protocol):
+    """``on_error(row, message)``; the runner's also takes the traceback."""
+
+    def __call__(self, row: ClipRow, error: str, tb: str = "") -> None: ...
+
+
+BuildMany = Callable[[list[ClipRow], OnClip, OnError], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -65,11 +73,31 @@ class ClipTask:
     outputs: Callable[[ClipRow], list[Path]]
     is_done: Callable[[ClipRow], bool]
     build: Callable[[ClipRow], int] | None = None
-    build_many: Callable[[list[ClipRow], OnClip, OnError], dict[str, Any]] | None = None
+    build_many: BuildMany | None = None
 
 
 def shard_rows(rows: Sequence[ClipRow], rank: int | None = None, world: int | None = None) -> list[ClipRow]:
     return shard(sorted(rows, key=lambda r: r.clip_id), rank, world)
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _one_by_one(build: Callable[[ClipRow], int]) -> BuildMany:
+    """``build`` as a ``build_many``: one clip at a time, a clip that raises is reported and skipped."""
+
+    def build_many(rows: list[ClipRow], on_clip: OnClip, on_error: OnError) -> dict[str, Any]:
+        for row in rows:
+            try:
+                nbytes = build(row)
+            except Exception as e:  # record and continue: one bad clip must not hide the others
+                on_error(row, _error(e), traceback.format_exc())
+                continue
+            on_clip(row, nbytes)
+        return {}
+
+    return build_many
 
 
 def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: Path) -> ShardResult:
@@ -95,7 +123,7 @@ def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: P
         try:
             finished = task.is_done(row)
         except Exception as e:  # a check that cannot run is a failure of that clip, not of the job
-            fail(row, f"{type(e).__name__}: {e}", traceback.format_exc())
+            fail(row, _error(e), traceback.format_exc())
             continue
         if finished:
             result.num_skipped += 1
@@ -104,17 +132,11 @@ def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: P
             pending.append(row)
     if pending:
         maybe_inject_fault(result.num_skipped + 1, rep.retry_number)  # test hook: GC25D_FAULT step = clip #
-    if task.build_many is not None:
-        result.extra = task.build_many(pending, done, fail)
-    else:
+    build_many = task.build_many
+    if build_many is None:
         assert task.build is not None, f"task {task.name} has neither build nor build_many"
-        for row in pending:
-            try:
-                nbytes = task.build(row)
-            except Exception as e:  # record and continue: one bad clip must not hide the others
-                fail(row, f"{type(e).__name__}: {e}", traceback.format_exc())
-                continue
-            done(row, nbytes)
+        build_many = _one_by_one(task.build)
+    result.extra = build_many(pending, done, fail)
     result.seconds = time.monotonic() - t0
     path = run_dir / "failures" / f"rank-{rank}.json"
     atomic_write_text(path, json.dumps([asdict(f) for f in result.failures], indent=1))
