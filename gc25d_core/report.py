@@ -132,6 +132,12 @@ def pipes_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def log_to(logger: Any, message: str, level: str = "info") -> None:
+    """``message`` on a Dagster logger (``context.log``, ``pipes.log``) at ``level``; levels other
+    than debug / info / warning / error log as info."""
+    getattr(logger, level if level in ("debug", "info", "warning", "error") else "info")(message)
+
+
 class PipesReporter:
     """Rank-0 reporter over an open Dagster Pipes context."""
 
@@ -142,7 +148,7 @@ class PipesReporter:
         self.retry_number = int(pipes.retry_number)
 
     def log(self, message: str, level: str = "info") -> None:
-        getattr(self.pipes.log, level if level in ("debug", "info", "warning", "error") else "info")(message)
+        log_to(self.pipes.log, message, level)
 
     def metrics(self, step: int | None = None, **values: float) -> None:
         payload = {"step": step, **{k: _pipes_metadata_value(v) for k, v in values.items()}}

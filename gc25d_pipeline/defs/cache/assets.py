@@ -7,6 +7,7 @@ from gc25d_core.cache.from_layout import open_cache_store, pack_and_publish
 from gc25d_core.cache.manifest import parse_snapshot_id
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
+from gc25d_core.report import log_to
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.prep.assets import cond, cond_ext, ext_canvas, latents
 from gc25d_pipeline.lib.project import Gc25dProject
@@ -30,9 +31,7 @@ class _LogReporter:
         self.context = context
 
     def log(self, message: str, level: str = "info") -> None:
-        getattr(self.context.log, level if level in ("debug", "info", "warning", "error") else "info")(
-            message
-        )
+        log_to(self.context.log, message, level)
 
 
 @dg.asset(group_name="cache", deps=[latents, cond, cond_ext, ext_canvas], kinds={"python"})
