@@ -194,6 +194,9 @@ def main() -> None:
             probe="ours",
             clips_per_batch=b,
             s_per_clip=s,
+            # after the first frames arrived (the pipeline's fill left out): what a long job sustains
+            s_per_clip_after_fill=s - extra["first_batch_seconds"] / len(work),
+            fill_s=extra["first_batch_seconds"],
             encode_s_per_clip=extra["encode_seconds"] / len(work),
             speedup_vs_plain_e2e=plain_e2e / s,
             clips=len(done),

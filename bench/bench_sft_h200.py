@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 PEAK_TFLOPS = 989.0
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
+ENV = "_env"  # a variant's environment additions (not an sft override)
 # variant name -> extra.sft overrides
 VARIANTS: dict[str, dict[str, Any]] = {
     "ckpt_all": {"model": {"gradient_checkpointing": True}},
@@ -47,6 +48,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "nockpt_fused_compile_reduce": {
         "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
         "zero": {"use_multi_rank_bucket_allreduce": False},
+    },
+    # NCCL's Simple protocol for every collective (it picked LL for 1 GB buckets, profile of 2026-11-30)
+    "nockpt_fused_compile_simple": {
+        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
+        ENV: {"NCCL_PROTO": "Simple"},
+    },
+    "nockpt_fused_compile_reduce_simple": {
+        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
+        "zero": {"use_multi_rank_bucket_allreduce": False},
+        ENV: {"NCCL_PROTO": "Simple"},
     },
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
@@ -167,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     for name in [v for v in args.variants.split(",") if v]:
         extra: dict[str, Any] = dict(VARIANTS[name])
+        venv = {**env, **extra.pop(ENV, {})}
         if args.profile:
             extra["profile"] = {"start": 2, "steps": 2}
         vcfg = with_sft(cfg, cfg.extra["sft"], extra)
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
             args.nproc,
             ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run_dir), "--fresh"],
             log,
-            env,
+            venv,
         )
         metrics = run_dir / "metrics.jsonl"
         records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []

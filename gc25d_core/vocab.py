@@ -69,7 +69,11 @@ _LUTS = {v: _lut(v) for v in VOCABS}
 
 def invalid_values(ids: np.ndarray, vocab: Vocab = "parts") -> list[int]:
     """Sorted raw values in ``ids`` that ``vocab`` does not contain."""
-    present = np.unique(np.asarray(ids))
+    ids = np.asarray(ids)
+    if ids.dtype == np.uint8:  # a 256-bin count instead of a sort (cond ids: 32M values a clip)
+        present = np.flatnonzero(np.bincount(ids.ravel(), minlength=256))
+    else:
+        present = np.unique(ids)
     lut = _LUTS[vocab]
     bad = [int(v) for v in present if not (0 <= int(v) <= 255) or lut[int(v)] < 0]
     return bad

@@ -73,3 +73,10 @@ def test_invalid_values_are_listed():
     assert V.raw_to_class(np.array([0, 21, 255]), "parts").tolist() == [0, 18, 19]
     with pytest.raises(ValueError, match=r"\[8\]"):
         V.collapse_parts(np.array([8], np.uint8))
+
+
+def test_invalid_values_uint8_count_path_matches_the_sort_path():
+    rng = np.random.default_rng(0)
+    ids = rng.choice(np.array([0, 3, 6, 10, 21, 255, 7, 200], np.uint8), size=(4, 16, 16))
+    assert V.invalid_values(ids, "parts") == V.invalid_values(ids.astype(np.int32), "parts") == [7, 200]
+    assert V.invalid_values(ids[ids != 7][ids[ids != 7] != 200], "parts") == []

@@ -122,6 +122,8 @@ def _pin(x: Any) -> Any:
         return {k: _pin(v) for k, v in x.items()}
     if isinstance(x, list):
         return [_pin(v) for v in x]
+    if callable(getattr(x, "pin_memory", None)):  # a collate_fn's own type (SFT's Prepared)
+        return x.pin_memory()
     return x
 
 

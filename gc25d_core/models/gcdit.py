@@ -219,6 +219,9 @@ class GcDiT(WanModel):
         self.use_fused_rmsnorm(cfg.fused_rmsnorm)
         self.attn_backend = "sdpa"  # or "flex" (GPU: compiled flex attention for causal masks)
         self.track_stats = False
+        # raw sem ids outside the vocab raise in pooled_onehot (one device sync per forward); a
+        # caller that checked them on the host (the SFT data worker) turns this off
+        self.check_sem_ids = True
         self.last_stats: dict[str, torch.Tensor] = {}
         self._rope_tables: dict[tuple[str, torch.dtype], RopeTable] = {}
 
@@ -267,7 +270,9 @@ class GcDiT(WanModel):
     ) -> torch.Tensor | None:
         if sem_ids is None and sem_pooled is None:
             return None
-        return self.gc_sem_cond_module(sem_ids, pooled=sem_pooled, first_cell=first_cell)
+        return self.gc_sem_cond_module(
+            sem_ids, pooled=sem_pooled, first_cell=first_cell, check=self.check_sem_ids
+        )
 
     def embed_latents(
         self, latents: torch.Tensor, sem: torch.Tensor | None

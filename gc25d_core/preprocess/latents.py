@@ -131,14 +131,48 @@ def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc2
         return encode_on_device(vae, video, device).float()
 
 
+def _decode_worker_init(_worker_id: int) -> None:
+    """One OpenCV thread per decode worker: with its default (one per core) in every worker the
+    workers oversubscribe the host and starve the thread that launches the encode's kernels."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+class _Encoded:
+    """One batch's latents on their way to the host: a non-blocking copy into pinned memory and an
+    event, so the next batch's encode is queued before this one is written."""
+
+    def __init__(self, rows: list[ClipRow], latents: torch.Tensor, device: torch.device):
+        self.rows = rows
+        self.event: torch.cuda.Event | None = None
+        if device.type == "cuda":
+            self.host = torch.empty(latents.shape, dtype=latents.dtype, pin_memory=True)
+            self.host.copy_(latents, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = latents
+
+    def wait(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+
 def run_latents(
     cfg: Gc25dConfig, rows: list[ClipRow], device: torch.device, on_clip, on_error
 ) -> dict[str, float]:
-    """Encode ``rows`` (already this rank's pending clips). ``on_clip(row, nbytes)`` / ``on_error(row, msg)``."""
+    """Encode ``rows`` (already this rank's pending clips). ``on_clip(row, nbytes)`` / ``on_error(row, msg)``.
+
+    The GPU is kept busy: batch k+1's encode is queued before batch k's latents are written, and the
+    DataLoader workers decode ahead. Returns ``encode_seconds`` (device time of the encodes, CUDA
+    events; host time on CPU) and ``first_batch_seconds`` (until the first frames arrived: the
+    pipeline's fill)."""
     from gc25d_core.preprocess.tasks import RunCache
 
     if not rows:  # everything already encoded: no VAE to build
-        return {"encode_seconds": 0.0}
+        return {"encode_seconds": 0.0, "first_batch_seconds": 0.0}
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = cfg.vae.allow_tf32_matmul
@@ -151,23 +185,47 @@ def run_latents(
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
         prefetch_factor=2 if cfg.vae.num_workers else None,
+        worker_init_fn=_decode_worker_init if cfg.vae.num_workers else None,
     )
-    t_encode = 0.0
+
+    def write(done: _Encoded) -> None:
+        for row, latent in zip(done.rows, done.wait(), strict=True):
+            try:
+                path = write_latents(layout, clip_record(row, runs(row), latent, cfg), shapes)
+                on_clip(row, path.stat().st_size)
+            except Exception as e:
+                on_error(row, f"{type(e).__name__}: {e}")
+
+    timings: list[Any] = []  # (start, end) CUDA events, or host seconds on CPU
+    t_start, first_batch = time.perf_counter(), None
+    pending: _Encoded | None = None
     for batch in loader:
+        if first_batch is None:
+            first_batch = time.perf_counter() - t_start
         good = [(i, f) for i, f in batch if isinstance(f, torch.Tensor)]
         for i, f in batch:
             if not isinstance(f, torch.Tensor):
                 on_error(rows[i], f)
         if not good:
             continue
-        t0 = time.perf_counter()
-        latents = encode_batch(vae, [f for _, f in good], device, cfg).cpu()
-        t_encode += time.perf_counter() - t0
-        for (i, _), latent in zip(good, latents, strict=True):
-            row = rows[i]
-            try:
-                path = write_latents(layout, clip_record(row, runs(row), latent, cfg), shapes)
-                on_clip(row, path.stat().st_size)
-            except Exception as e:
-                on_error(row, f"{type(e).__name__}: {e}")
-    return {"encode_seconds": t_encode}
+        if device.type == "cuda":
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+            latents = encode_batch(vae, [f for _, f in good], device, cfg)
+            ev1.record()
+            timings.append((ev0, ev1))
+        else:
+            t0 = time.perf_counter()
+            latents = encode_batch(vae, [f for _, f in good], device, cfg)
+            timings.append(time.perf_counter() - t0)
+        encoded = _Encoded([rows[i] for i, _ in good], latents, device)
+        if pending is not None:
+            write(pending)  # while the GPU encodes this batch
+        pending = encoded
+    if pending is not None:
+        write(pending)
+    if device.type == "cuda":
+        encode = sum(a.elapsed_time(b) for a, b in timings) / 1e3
+    else:
+        encode = float(sum(timings))
+    return {"encode_seconds": encode, "first_batch_seconds": first_batch or 0.0}

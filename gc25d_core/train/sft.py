@@ -37,6 +37,7 @@ may differ. The snapshot stays pinned for the whole run (new snapshots go to new
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -68,7 +69,7 @@ from gc25d_core.distributed import all_reduce, barrier, dist_active, global_rank
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.report import Reporter
-from gc25d_core.vocab import UNKNOWN
+from gc25d_core.vocab import UNKNOWN, check_ids
 
 __all__ = [
     "SftConfig",
@@ -326,6 +327,11 @@ def pick_device(cfg: Gc25dConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def _batch(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[B, ...]; one tensor becomes a view, so memory the DataLoader pinned stays pinned."""
+    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
+
+
 def _stats(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """GcDiT's sem_rms / x_rms of its last forward (``track_stats``)."""
     return cast(dict[str, torch.Tensor], getattr(module, "last_stats", {}))
@@ -403,8 +409,7 @@ class TextBank:
         """[B, P, L, D] bank of the batch's distinct keys and [B, cells] index into it."""
         uniq = sorted({k for ks in keys for k in ks})
         pos = {k: i for i, k in enumerate(uniq)}
-        rows = torch.tensor([self.ids[k] for k in uniq], device=self.device)
-        bank = self.table[rows]
+        bank = torch.stack([self.table[self.ids[k]] for k in uniq])  # views + one copy: no H2D sync
         index = torch.tensor(
             [[pos[k] for k in ks] for ks in keys]
         )  # host: the model checks it without a sync
@@ -445,6 +450,11 @@ class Prepared:
     masked: bool = False
     masked_frac: float = 0.0
 
+    def pin_memory(self) -> Prepared:
+        """Called by the DataLoader's pin thread (``pin_memory=True``), so the trainer's host-to-device
+        copies can be non-blocking."""
+        return dataclasses.replace(self, latent=self.latent.pin_memory(), ids=self.ids.pin_memory())
+
 
 class SampleTransform:
     """The consumer's collate_fn: runs in the DataLoader worker, one seeded draw per sample.
@@ -469,6 +479,7 @@ class SampleTransform:
         self.prompt_to_key = prompt_to_key
         self.geometry = cfg.geometry
         self.timeline = cfg.timeline
+        self.vocab = cfg.vocab
         self.meta_root = meta_root
         self.on_missing_meta = on_missing_meta
         self.dataset: Any = None
@@ -515,6 +526,7 @@ class SampleTransform:
         if "cond_ids" not in tensors:
             raise ValueError(f"{sample.key.sample_id}: the cache sample has no cond_ids (SFT needs the cond)")
         ids = tensors["cond_ids"].numpy()
+        check_ids(ids, self.vocab, f"{sample.key.sample_id}: cond_ids")  # the model skips its check
         keys = [self.key_of(p) for p in sample.meta["prompts"]]
         out = Prepared(sample.key.sample_id, tensors["latent"], tensors["cond_ids"], keys)
         if not self.dropout.enabled:
@@ -739,6 +751,7 @@ def build_model(cfg: Gc25dConfig, sft: SftConfig, device: torch.device, dtype: t
         if meta.dit_config.architecture() != dit_cfg.architecture():
             raise ValueError(f"init export {m.export_path} is {meta.dit_config}, the config asks {dit_cfg}")
     model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
+    model.check_sem_ids = False  # checked on the host: SampleTransform.prepare and load_val_clips
     if m.compile:
         model.enable_compile()
     return model.train()
@@ -755,7 +768,9 @@ class ValClip:
     keys: list[str]
 
 
-def load_val_clips(store: Any, ref: Any, val: SftValConfig, prompt_to_key: dict[str, str]) -> list[ValClip]:
+def load_val_clips(
+    store: Any, ref: Any, val: SftValConfig, prompt_to_key: dict[str, str], vocab: Any
+) -> list[ValClip]:
     """The first ``num_clips`` val samples of the pinned snapshot in the consumer's canonical order
     (the same on every rank and every launch)."""
     from gc25d_core.cache.consumer import ConsumerConfig, StreamingCache
@@ -774,6 +789,7 @@ def load_val_clips(store: Any, ref: Any, val: SftValConfig, prompt_to_key: dict[
     for batch in ds.iter_batches():
         for s in batch.samples:
             keys = [prompt_to_key[p] for p in s.meta["prompts"]]
+            check_ids(s.tensors["cond_ids"].numpy(), vocab, f"val {s.key.sample_id}: cond_ids")
             clips.append(ValClip(s.key.sample_id, s.tensors["latent"], s.tensors["cond_ids"], keys))
             if len(clips) == val.num_clips:
                 return clips
@@ -994,10 +1010,19 @@ class SftTrainer:
 
     # -- forward / loss -------------------------------------------------------------------------
 
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        """A non-blocking copy from pinned host memory. A pageable copy (``.to(device)``) waits for
+        the GPU's queue to drain first, so the host would prepare every micro-batch with the GPU idle."""
+        if self.device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
+            x = x.pin_memory()
+        return x.to(self.device, non_blocking=True)
+
     def _inputs(self, latent_BCTHW: torch.Tensor, t: float, gen: torch.Generator):
         """x0, x_t (cell 0 clean), velocity target; float32 on the device."""
-        x0 = latent_BCTHW.to(self.device, torch.float32)
-        noise = torch.randn(x0.shape, generator=gen, dtype=torch.float32).to(self.device)
+        x0 = self._to_device(latent_BCTHW).float()
+        noise = self._to_device(
+            torch.randn(x0.shape, generator=gen, dtype=torch.float32, pin_memory=self.device.type == "cuda")
+        )
         x_t = self.schedule.add_noise(x0, noise, t)
         x_t[:, :, 0] = x0[:, :, 0]
         return x0, x_t, self.schedule.velocity_target(x0, noise)
@@ -1009,7 +1034,7 @@ class SftTrainer:
             latents=x_t.to(dtype),
             timestep=torch.full((x_t.shape[0],), t, dtype=torch.float32, device=self.device),
             context=bank,
-            sem_ids=ids.to(self.device),
+            sem_ids=self._to_device(ids),
             context_index=index,
         )
 
@@ -1039,8 +1064,8 @@ class SftTrainer:
             idx = int(self.schedule.sample_index(gen)[0])
             t = float(self.schedule.timesteps[idx])
             w = float(self.schedule.weights[idx])
-            latent = torch.stack([p.latent for p in prepared])
-            ids = torch.stack([p.ids for p in prepared])
+            latent = self._to_device(_batch([p.latent for p in prepared]))
+            ids = self._to_device(_batch([p.ids for p in prepared]))
             _, x_t, target = self._inputs(latent, t, gen)
             boundary = micro == ga - 1
             with self.engine.accumulate(boundary):
@@ -1143,7 +1168,9 @@ class SftTrainer:
         self.engine = self._build_engine()
         if folder is not None:
             self._load_state(folder, start_step)
-        self.val_clips = load_val_clips(self.store, self.ds.manifest_ref, sft.val, self.prompt_to_key)
+        self.val_clips = load_val_clips(
+            self.store, self.ds.manifest_ref, sft.val, self.prompt_to_key, self.cfg.vocab
+        )
         if not self.val_clips:
             self.rep.log("the snapshot has no val clips: validation is skipped", level="warning")
         target = sft.max_steps if max_steps is None else max_steps

@@ -119,6 +119,17 @@ def test_dropouts_are_seeded_per_sample_and_epoch(world):
     ]
 
 
+def test_ids_outside_the_vocab_fail_in_the_data_worker_naming_the_sample(world):
+    """The trainer's model skips its per-forward id check (a device sync); the worker checks instead."""
+    ds, samples = _samples(world)
+    tr = _transform(world, SftDropoutConfig(text=0.0, cond=1.0, unknown_mask=0.0), ds)
+    s = samples[0]
+    s.tensors = dict(s.tensors, cond_ids=s.tensors["cond_ids"].clone())
+    s.tensors["cond_ids"][3, 0, 0] = 8  # not a 'parts' id
+    with pytest.raises(ValueError, match=rf"{s.key.sample_id}: cond_ids: values \[8\]"):
+        tr.prepare(s)  # even when the cond is about to be dropped
+
+
 def test_unknown_masking_touches_static_pixels_only(world):
     ds, samples = _samples(world)
     tr = _transform(world, SftDropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0), ds)
