@@ -175,6 +175,10 @@ class GroundHits:
     depth: np.ndarray  # f64 [N]
     stretch: np.ndarray  # f64 [N,2]
 
+    def on_disc(self, centre: np.ndarray, radius: float) -> np.ndarray:
+        """bool [N]: hits within ``radius`` cm of ``centre`` (x, y): the ground canvas's extent."""
+        return self.hit & (np.hypot(*(self.coords - centre).T) <= radius)
+
 
 def ground_hits(cam: FrameCamera, sx: np.ndarray, sy: np.ndarray, geometry: GeometryConfig) -> GroundHits:
     """Rays of source sample positions (sx, sy) [N] against the plane ``cam.z``."""
@@ -573,21 +577,26 @@ class Canvas:
         depth_out[got] = np.exp((zbuf[got] >> 16) * np.log1p(p.depth_tol))
         return packed_out, depth_out
 
+    def _read(self, pyr: Pyramid, coords: np.ndarray, stretch: np.ndarray) -> np.ndarray:
+        """``pyr`` at ``coords`` from the level of the shortest extent (``stretch`` [N,2]) up to that of
+        the longest plus ``max_fallback``."""
+        p = self.params
+        return pyr.read(
+            coords, level_of(stretch[:, 0], p), level_of(stretch[:, 1], p, up=True) + p.max_fallback
+        )
+
     def render(self, cam: FrameCamera) -> np.ndarray:
         """Static ids uint8 [H·W] seen by ``cam``, 255 where unseen."""
         g, p = self.geometry, self.params
         sx, sy = dst_sample_coords(g)
         hit = ground_hits(cam, sx, sy, g)
         packed = np.zeros(len(sx), np.uint16)
-        on = np.flatnonzero(hit.hit & (np.hypot(*(hit.coords - self.centre).T) <= p.radius_cm))
-        first = level_of(hit.stretch[on, 0], p)
-        last = level_of(hit.stretch[on, 1], p, up=True) + p.max_fallback
-        packed[on] = self.ground.read(hit.coords[on], first, last)
+        on = np.flatnonzero(hit.on_disc(self.centre, p.radius_cm))
+        packed[on] = self._read(self.ground, hit.coords[on], hit.stretch[on])
         if not cam.orthographic:
             off = np.flatnonzero(~hit.hit)
             coords, stretch = dome_coords(cam, sx[off], sy[off], g, p)
-            first = level_of(stretch[:, 0], p)
-            packed[off] = self.dome.read(coords, first, level_of(stretch[:, 1], p, up=True) + p.max_fallback)
+            packed[off] = self._read(self.dome, coords, stretch)
         up_packed, up_depth = self.splat(cam)
         # an upright point shows where nothing nearer is on the plane (its foot is on it: tolerance)
         front = (up_packed > 0) & (up_depth <= hit.depth * (1.0 + 2.0 * p.depth_tol))
@@ -646,9 +655,7 @@ def build_canvas(
         hit = hits[f]
         # ground: the level of the shortest extent (sharp; foreshortened rows leave gaps that reads
         # fill from coarser levels)
-        on = np.flatnonzero(
-            (roles[f] == ROLE_GROUND) & hit.hit & (np.hypot(*(hit.coords - centre).T) <= params.radius_cm)
-        )
+        on = np.flatnonzero((roles[f] == ROLE_GROUND) & hit.on_disc(centre, params.radius_cm))
         _write_levels(ground, hit.coords[on], packed[on], level_of(hit.stretch[on, 0], params))
         if not cam.orthographic:
             sky = np.flatnonzero((roles[f] == ROLE_SKY) & ~hit.hit)
