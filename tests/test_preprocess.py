@@ -163,3 +163,15 @@ def test_a_failing_clip_is_reported_and_fails_the_job(tmp_path, tiny_raw):
     failures = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
     assert [f["clip_id"] for f in failures] == [rows[0].clip_id]
     assert len(list((cfg.paths.data_root / "cond").glob("*.npz"))) == len(rows) - 1
+
+
+def test_latents_batches_group_decoded_clips_and_report_failed_ones():
+    from gc25d_core.preprocess.latents import _clip_batches
+
+    frames = torch.zeros(1)
+    loader = [[(0, frames)], [(1, "OSError: bad png")], [(2, frames)], [(3, frames)], [(4, frames)]]
+    errors: list[tuple[int, str]] = []
+    groups = list(_clip_batches(loader, 2, lambda i, msg: errors.append((i, msg))))
+    assert [[i for i, _ in g] for g in groups] == [[0, 2], [3, 4]]
+    assert errors == [(1, "OSError: bad png")]
+    assert [[i for i, _ in g] for g in _clip_batches(loader[:3], 4, lambda i, m: None)] == [[0, 2]]

@@ -9,6 +9,7 @@ kernels per clip; a batch fills the GPU better). Files are written atomically af
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,23 @@ def _collate(batch):
     return batch
 
 
+def _clip_batches(loader, clips_per_batch: int, on_error) -> Iterator[list[tuple[int, torch.Tensor]]]:
+    """Groups of up to ``clips_per_batch`` decoded clips; a clip whose decode failed goes to
+    ``on_error(index, message)``."""
+    group: list[tuple[int, torch.Tensor]] = []
+    for items in loader:
+        for i, frames in items:
+            if isinstance(frames, torch.Tensor):
+                group.append((i, frames))
+            else:
+                on_error(i, frames)
+        if len(group) >= clips_per_batch:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
 def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc25dConfig) -> torch.Tensor:
     """uint8 [81,H,W,3] × B → float32 latents [B,48,21,h,w] (frames moved and normalised on device)."""
     from gc25d_core.models.vae import encode_on_device, frames_to_video
@@ -129,14 +147,6 @@ def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc2
     fp16 = cfg.vae.compute_dtype == "fp16" and device.type == "cuda"
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.float16, enabled=fp16):
         return encode_on_device(vae, video, device).float()
-
-
-def _decode_worker_init(_worker_id: int) -> None:
-    """One OpenCV thread per decode worker: with its default (one per core) in every worker the
-    workers oversubscribe the host and starve the thread that launches the encode's kernels."""
-    import cv2
-
-    cv2.setNumThreads(1)
 
 
 class _Encoded:
@@ -178,14 +188,16 @@ def run_latents(
         torch.backends.cuda.matmul.allow_tf32 = cfg.vae.allow_tf32_matmul
     layout, shapes, runs = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg), RunCache(Path(cfg.raw.root))
     vae = build_vae_for(cfg, device)
+    # one clip per worker item (batches are formed here), so the first batch waits for one clip's
+    # decode per worker, not clips_per_batch of them in one worker.
+    # (cv2.setNumThreads(1) in a worker_init_fn hung the forked workers on the H200 host: left out)
     loader = torch.utils.data.DataLoader(
         ClipFrames(rows, cfg),
-        batch_size=cfg.vae.clips_per_batch,
+        batch_size=1,
         num_workers=cfg.vae.num_workers,
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
         prefetch_factor=2 if cfg.vae.num_workers else None,
-        worker_init_fn=_decode_worker_init if cfg.vae.num_workers else None,
     )
 
     def write(done: _Encoded) -> None:
@@ -199,15 +211,9 @@ def run_latents(
     timings: list[Any] = []  # (start, end) CUDA events, or host seconds on CPU
     t_start, first_batch = time.perf_counter(), None
     pending: _Encoded | None = None
-    for batch in loader:
+    for good in _clip_batches(loader, cfg.vae.clips_per_batch, lambda i, msg: on_error(rows[i], msg)):
         if first_batch is None:
             first_batch = time.perf_counter() - t_start
-        good = [(i, f) for i, f in batch if isinstance(f, torch.Tensor)]
-        for i, f in batch:
-            if not isinstance(f, torch.Tensor):
-                on_error(rows[i], f)
-        if not good:
-            continue
         if device.type == "cuda":
             ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             ev0.record()
