@@ -59,6 +59,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "zero": {"use_multi_rank_bucket_allreduce": False},
         ENV: {"NCCL_PROTO": "Simple"},
     },
+    # NCCL limited to 8 CTAs (SMs) per collective, so the overlapped gradient reduction takes fewer SMs
+    # from the backward's GEMMs; smaller buckets shorten the reduction left after the last layer
+    "nockpt_fused_compile_ctas8": {
+        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
+        "zero": {"reduce_bucket_size": 200_000_000},
+        ENV: {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"},
+    },
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },

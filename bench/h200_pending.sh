@@ -15,6 +15,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
   DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
+if [ "${1:-}" = "ctas" ]; then  # one short lease: NCCL at 8 CTAs, that SFT variant beside plain, latents
+  (python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > /tmp/gen.log 2>&1; touch /tmp/gen.done) &
+  NCCL_MAX_CTAS=8 NCCL_MAX_NCHANNELS=8 timeout 60 torchrun --nproc_per_node=2 bench/nccl_probe.py 2>&1 | grep '^{' > "$OUT/nccl.jsonl"
+  timeout 240 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
+    --clips-per-run 6 --variants nockpt_fused_compile_ctas8 --plain-steps 6 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft.jsonl"
+  while [ ! -f /tmp/gen.done ]; do sleep 2; done
+  CUDA_VISIBLE_DEVICES=0 timeout 110 python3 bench/bench_latents_h200.py --raw /tmp/full --repeat 6 --batches 2 \
+    --workers 8 --plain-clips 1 --warmup 1 2>&1 | grep '^{' > "$OUT/latents.jsonl"
+  tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
+  cat "$OUT/nccl.jsonl"; cut -c1-700 "$OUT/sft.jsonl" "$OUT/latents.jsonl"
+  exit 0
+fi
+
 if [ "${1:-}" = "latents" ]; then
   [ -d /tmp/full ] || python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > "$OUT/gen.log" 2>&1
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/bench_latents_h200.py --raw /tmp/full --repeat 8 --batches 2 \
