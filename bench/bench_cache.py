@@ -29,7 +29,10 @@ the bound has to itself, so there the ratio is CPU-bound (see the CPU-time ratio
 Prints one JSON object: best and median wall seconds and best CPU seconds per measurement
 (all threads of this process; the loopback server's CPU is not included), MB/s from the best
 wall time, and the consumer's ratios to each bound, by wall time and by CPU time (CPU time does
-not depend on how busy the machine is). Load average is recorded before and after.
+not depend on how busy the machine is). Also, best of reps: the main thread's CPU seconds (the
+consumer's reader: socket or file reads, tarfile, torch.load; the hashes run on helper threads)
+and, for consumer_http, the median of the loopback server process's CPU seconds (Linux /proc;
+coarse, 10 ms ticks). Load average is recorded before and after.
 
     python bench/bench_cache.py [--shards 4] [--samples-per-shard 16] [--sample-mb 4] [--reps 5]
                                 [--cpus 0-3] [--workdir DIR]
@@ -155,6 +158,16 @@ def consume(store, ref, n_expected: int) -> None:
     assert n == n_expected, (n, n_expected)
 
 
+def _proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of another process (Linux), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _cpu_list(spec: str) -> set[int]:
     """'0-3,8' -> {0, 1, 2, 3, 8}."""
     out: set[int] = set()
@@ -217,12 +230,19 @@ def main() -> None:
         # round-robin, best of reps: slow drift or a noisy neighbour hits every variant alike.
         walls: dict[str, list[float]] = {k: [] for k in runs}
         cpu: dict[str, float] = dict.fromkeys(runs, float("inf"))
+        main_cpu: dict[str, float] = dict.fromkeys(runs, float("inf"))
+        srv_cpu: list[float] = []
         for _ in range(args.reps):
             for name, fn in runs.items():
-                c0, t0 = time.process_time(), time.perf_counter()
+                s0 = _proc_cpu(srv.pid) if name == "consumer_http" else None
+                c0, m0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
                 fn()
                 walls[name].append(time.perf_counter() - t0)
                 cpu[name] = min(cpu[name], time.process_time() - c0)
+                main_cpu[name] = min(main_cpu[name], time.thread_time() - m0)
+                s1 = _proc_cpu(srv.pid) if s0 is not None else None
+                if s0 is not None and s1 is not None:
+                    srv_cpu.append(s1 - s0)
     finally:
         srv.terminate()
         srv.wait(timeout=10)
@@ -262,6 +282,8 @@ def main() -> None:
         "seconds": {k: round(v, 4) for k, v in res.items()},
         "median_seconds": {k: round(v, 4) for k, v in med.items()},
         "cpu_seconds": {k: round(v, 4) for k, v in cpu.items()},
+        "main_thread_cpu_seconds": {k: round(v, 4) for k, v in main_cpu.items()},
+        "server_cpu_seconds": {"consumer_http": round(statistics.median(srv_cpu), 3) if srv_cpu else None},
         "mb_per_s": {k: round(v, 1) for k, v in mbs.items()},
         "ratios": ratios,
     }

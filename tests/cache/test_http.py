@@ -169,6 +169,54 @@ def test_consumer_over_http_with_drops_matches_local(served):
     assert any(row[5] == "drop" for row in srv.log)
 
 
+def test_multi_mib_samples_over_http_resume_mid_payload_and_mid_header(tmp_path, kit):
+    """4 MB PTs (one readinto per hash feed straight into the payload buffer, then the padding
+    and tarfile's read-ahead in one read): drops inside a payload, inside a header and right
+    after a payload resume at the exact offset and give the local store's tensors."""
+    import torch
+
+    from gc25d_core.cache import SCHEMA_GC25D, LocalStore, pack_shard, publish_snapshot
+
+    store = LocalStore(tmp_path / "big")
+    samples = [kit.gc_sample(i, f"r{i}", hw=(40, 52)) for i in range(3)]
+    pack_shard(store, worker="w0", name="w0-000000", samples=samples, schema=SCHEMA_GC25D)
+    ref = publish_snapshot(store).ref
+    assert ref is not None
+    sh = read_snapshot(store).manifest.shards[0]
+    m = kit.tar_layout((store.root / sh.path).read_bytes())
+    assert m[2].size > 4 << 20  # a PT larger than one hash feed
+    cuts = [m[0].offset_data + 1_000_003, m[2].offset + 100, m[2].offset_data + m[2].size, sh.size - 700]
+
+    def tensors(st):
+        ds = StreamingCache(
+            st, ConsumerConfig(batch_size=1), manifest=ref, rank=0, world_size=1, collate_fn=None
+        )
+        out = {}
+        for b in ds.iter_batches():
+            for s in b.samples:
+                out[s.key.sample_id] = s.tensors
+            ds.mark_consumed(b)
+        return out
+
+    local = tensors(store)
+    with RangeServer.for_local_store(store) as srv:
+        starts = [0, *cuts]
+
+        def fault(r):
+            if r.path != sh.path or r.start not in starts[:-1]:
+                return None
+            i = starts.index(r.start)
+            return Fault("drop", after=starts[i + 1] - r.start)
+
+        srv.set_fault(fault)
+        remote = tensors(open_store(srv.url, config=CFG))
+        assert [row[3] for row in srv.log if row[2] == sh.path] == starts
+    assert sorted(remote) == sorted(local) and len(local) == 3
+    for sid, t in local.items():
+        assert t.keys() == remote[sid].keys()
+        assert all(torch.equal(t[k], remote[sid][k]) for k in t)
+
+
 def test_snapshots_over_http(served):
     store, ref, srv, http = served
     assert http.head() == store.head()

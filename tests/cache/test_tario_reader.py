@@ -84,13 +84,14 @@ def _check_output(out: list, samples: list[tuple[str, bytes, bytes]]) -> None:
         assert torch.equal(deserialize_pt(vm.pt)["x"], deserialize_pt(pt)["x"])
 
 
+@pytest.mark.parametrize("pt_bytes", [700, 40_000])  # PT inside tarfile's read-ahead / beyond it
 @pytest.mark.parametrize("threaded", [True, False])
 @pytest.mark.parametrize(
     "stream",
     ["file", "trickle-7", "trickle-513", "no-readinto", "tarfile-read"],
 )
-def test_same_verified_output_on_every_read_path(stream, threaded, monkeypatch):
-    data, info, samples = _shard()
+def test_same_verified_output_on_every_read_path(stream, threaded, pt_bytes, monkeypatch):
+    data, info, samples = _shard(pt_bytes=pt_bytes)
     if stream == "file":
         raw: Any = io.BytesIO(data)
     elif stream.startswith("trickle"):
@@ -128,6 +129,46 @@ def test_every_flipped_byte_is_detected(threaded, direct, monkeypatch):
                 assert vm.pt is not None
                 handed_out.append(hashlib.sha256(vm.pt).hexdigest())
         assert set(handed_out) <= listed, pos
+
+
+def test_flipped_bytes_in_payloads_larger_than_the_read_ahead(monkeypatch):
+    """PTs of ~40 KB: read partly from tarfile's read-ahead, partly straight into the buffer (in
+    pieces of one hash feed), then the padding plus the next read-ahead; every 97th byte."""
+    monkeypatch.setattr(tario, "_HASH_FEED", 10_000)
+    data, info, samples = _shard(pt_bytes=40_000)
+    listed = {hashlib.sha256(pt).hexdigest() for _, pt, _ in samples}
+    for pos in range(5, len(data), 97):
+        bad = bytearray(data)
+        bad[pos] ^= 0x04
+        handed_out: list[str] = []
+        with pytest.raises(ShardError):
+            for vm in iter_verified_members(
+                _Trickle(bytes(bad), 6000),
+                shard="shards/w0/t.tar",
+                size=info.size,
+                sha256=info.sha256,
+                expected=info.members,
+                chunk=4096,
+            ):
+                assert vm.pt is not None
+                handed_out.append(hashlib.sha256(vm.pt).hexdigest())
+        assert set(handed_out) <= listed, pos
+
+
+def test_read_ahead_stops_at_the_listed_size():
+    """tarfile's read-ahead never crosses the listed TAR size; at the size, one byte more shows
+    a longer stream. ``read_at_least`` returns at least what was asked, in stream order."""
+    data = bytes(range(256)) * 100
+    hr = HashingReader(io.BytesIO(data + b"more"), limit=len(data), threaded=False)
+    assert hr.read(20_000) == data[:20_000]
+    assert hr.read(20_000) == data[20_000:]
+    with pytest.raises(tario._TooLong):
+        hr.read(20_000)
+    hr = HashingReader(_Trickle(data, 300), limit=len(data), threaded=False)
+    got = hr.read_at_least(700, 16 << 10)
+    assert 700 <= len(got) <= 16 << 10 and got == data[: len(got)]
+    assert hr.read_at_least(len(data), 0) == data[len(got) :]  # fewer only at EOF
+    assert hr.count == len(data) and hr.hexdigest() == hashlib.sha256(data).hexdigest()
 
 
 @pytest.mark.parametrize("threaded", [True, False])
