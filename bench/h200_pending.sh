@@ -36,7 +36,7 @@ if [ "${1:-}" = "latents" ]; then
   timeout 120 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm --shards 2 \
     --samples-per-shard 8 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
   cut -c1-600 "$OUT/latents.jsonl"
-  grep -h -A3 '"ratios"' "$OUT"/cache_*.json
+  grep -h 'consumer_[a-z]*/hash_required_mem"' "$OUT"/cache_*.json
   exit 0
 fi
 
