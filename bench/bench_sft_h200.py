@@ -66,6 +66,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "zero": {"reduce_bucket_size": 200_000_000},
         ENV: {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"},
     },
+    "nockpt_fused_compile_ctas4": {
+        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
+        "zero": {"reduce_bucket_size": 200_000_000},
+        ENV: {"NCCL_MAX_CTAS": "4", "NCCL_MAX_NCHANNELS": "4"},
+    },
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },

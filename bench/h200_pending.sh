@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The GPU measurements still owed (issues 4, 5, 7), in one lease of the 2x H200 host, so the machine
 # starts once: two calls back to back (each under the 10-minute limit), from the repository root
-# through the device tool with carry [".whl"]:
-#   bash bench/h200_pending.sh sft      NCCL bandwidth (default and NCCL_PROTO=Simple), the SFT variants
-#                                       beside plain_zero2.py (both GPUs), and the full-size code world
-#                                       generated on the CPU meanwhile (kept in /tmp/full for the next call)
-#   bash bench/h200_pending.sh latents  steady-state latents on GPU 0, then the cache consumer on 16
-#                                       pinned cores
+# through the device tool with carry [".whl"] (or a `git archive HEAD` copy with .whl inside it):
+#   bash bench/h200_pending.sh sft      NCCL bandwidth (default and NCCL_PROTO=Simple), the SFT with
+#                                       NCCL's default, 8 and 4 CTAs side by side beside plain_zero2.py
+#                                       (both GPUs), and the full-size code world generated on the CPU
+#                                       meanwhile (kept in /tmp/full for the next call)
+#   bash bench/h200_pending.sh latents  latents on GPU 0, the GPU-marked tests, then the cache consumer
+#                                       on 16 pinned cores
+#   bash bench/h200_pending.sh ctas     one short lease: NCCL at 8 CTAs, that SFT variant beside plain,
+#                                       latents
 # JSON lines and logs go under $OUT.
 set -u
 OUT=${OUT:-/tmp/h200_pending}
@@ -35,6 +38,8 @@ if [ "${1:-}" = "latents" ]; then
   timeout 150 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
   timeout 120 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm --shards 2 \
     --samples-per-shard 8 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
+  timeout 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+  tail -n 3 "$OUT/pytest_gpu.log"
   cut -c1-600 "$OUT/latents.jsonl"
   grep -h 'consumer_[a-z]*/hash_required_mem"' "$OUT"/cache_*.json
   exit 0
@@ -47,8 +52,8 @@ NCCL_PROTO=Simple timeout 60 torchrun --nproc_per_node=2 bench/nccl_probe.py 2>&
 
 # logs and profiles go to one archive ($OUT brings back at most 8 files)
 timeout 470 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
-  --clips-per-run 6 --variants nockpt_fused_compile,nockpt_fused_compile_reduce,nockpt_fused_compile_simple \
-  --plain-steps 8 --profile 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft.jsonl"
+  --clips-per-run 6 --variants nockpt_fused_compile,nockpt_fused_compile_ctas8,nockpt_fused_compile_ctas4 \
+  --plain-steps 8 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft.jsonl"
 
 tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
 while [ ! -f /tmp/gen.done ]; do sleep 2; done

@@ -69,7 +69,7 @@ from gc25d_core.distributed import all_reduce, barrier, dist_active, global_rank
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.report import Reporter
-from gc25d_core.vocab import UNKNOWN, check_ids
+from gc25d_core.vocab import UNKNOWN, Vocab, check_ids
 
 __all__ = [
     "SftConfig",
@@ -769,7 +769,7 @@ class ValClip:
 
 
 def load_val_clips(
-    store: Any, ref: Any, val: SftValConfig, prompt_to_key: dict[str, str], vocab: Any
+    store: Any, ref: Any, val: SftValConfig, prompt_to_key: dict[str, str], vocab: Vocab
 ) -> list[ValClip]:
     """The first ``num_clips`` val samples of the pinned snapshot in the consumer's canonical order
     (the same on every rank and every launch)."""
@@ -1011,8 +1011,9 @@ class SftTrainer:
     # -- forward / loss -------------------------------------------------------------------------
 
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
-        """A non-blocking copy from pinned host memory. A pageable copy (``.to(device)``) waits for
-        the GPU's queue to drain first, so the host would prepare every micro-batch with the GPU idle."""
+        """A non-blocking copy from pinned host memory. A blocking ``.to(device)`` makes the host wait
+        until the GPU has finished everything queued before it, so the host would prepare every
+        micro-batch with the GPU idle."""
         if self.device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
             x = x.pin_memory()
         return x.to(self.device, non_blocking=True)

@@ -111,20 +111,26 @@ def test_every_flipped_byte_is_detected(threaded, direct, monkeypatch):
     fails the shard, and no PT that differs from the listing is ever handed out."""
     if not direct:
         monkeypatch.setattr(tario, "_stream_state_ok", lambda stream, hr: False)
-    data, info, samples = _shard()
+    _assert_flips_fail(_shard(), 0, 13, 0x20, trickle=4096, threaded_hash=threaded)
+
+
+def _assert_flips_fail(shard, start: int, step: int, mask: int, *, trickle: int, **read_kw) -> None:
+    """Flip ``mask`` into every ``step``-th byte from ``start``: the shard fails each time, and every
+    PT handed out before the failure is one of the listed ones."""
+    data, info, samples = shard
     listed = {hashlib.sha256(pt).hexdigest() for _, pt, _ in samples}
-    for pos in range(0, len(data), 13):
+    for pos in range(start, len(data), step):
         bad = bytearray(data)
-        bad[pos] ^= 0x20
+        bad[pos] ^= mask
         handed_out: list[str] = []
         with pytest.raises(ShardError):
             for vm in iter_verified_members(
-                _Trickle(bytes(bad), 4096),
+                _Trickle(bytes(bad), trickle),
                 shard="shards/w0/t.tar",
                 size=info.size,
                 sha256=info.sha256,
                 expected=info.members,
-                threaded_hash=threaded,
+                **read_kw,
             ):
                 assert vm.pt is not None
                 handed_out.append(hashlib.sha256(vm.pt).hexdigest())
@@ -135,24 +141,7 @@ def test_flipped_bytes_in_payloads_larger_than_the_read_ahead(monkeypatch):
     """PTs of ~40 KB: read partly from tarfile's read-ahead, partly straight into the buffer (in
     pieces of one hash feed), then the padding plus the next read-ahead; every 97th byte."""
     monkeypatch.setattr(tario, "_HASH_FEED", 10_000)
-    data, info, samples = _shard(pt_bytes=40_000)
-    listed = {hashlib.sha256(pt).hexdigest() for _, pt, _ in samples}
-    for pos in range(5, len(data), 97):
-        bad = bytearray(data)
-        bad[pos] ^= 0x04
-        handed_out: list[str] = []
-        with pytest.raises(ShardError):
-            for vm in iter_verified_members(
-                _Trickle(bytes(bad), 6000),
-                shard="shards/w0/t.tar",
-                size=info.size,
-                sha256=info.sha256,
-                expected=info.members,
-                chunk=4096,
-            ):
-                assert vm.pt is not None
-                handed_out.append(hashlib.sha256(vm.pt).hexdigest())
-        assert set(handed_out) <= listed, pos
+    _assert_flips_fail(_shard(pt_bytes=40_000), 5, 97, 0x04, trickle=6000, chunk=4096)
 
 
 def test_read_ahead_stops_at_the_listed_size():
