@@ -127,3 +127,25 @@ def test_input_checks(tiny_model):
             tiny_model(latents, 500.0, context, ids[:, :5])
         with pytest.raises(ValueError, match=r"\(B, N\)"):
             tiny_model(latents, torch.zeros(1, 2), context)
+
+
+def test_sem_id_check_can_move_to_the_host(tiny_model):
+    """By default a raw id outside the vocab raises in the forward (one device sync on GPU); with
+    ``check_sem_ids`` off (the SFT checks on the host) it counts as UNKNOWN, like a 255 there."""
+    from gc25d_core.vocab import UNKNOWN
+
+    latents, context, ids = make_inputs(3, seed=8, per_cell_text=False)
+    bad, unknown = ids.clone(), ids.clone()
+    bad[0, 2, :8, :8], unknown[0, 2, :8, :8] = 8, UNKNOWN  # 8: not a 'parts' id
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"values \[8\]"):
+            tiny_model(latents, 500.0, context, bad)
+        tiny_model.check_sem_ids = False
+        try:
+            out_bad = tiny_model(latents, 500.0, context, bad)
+        finally:
+            tiny_model.check_sem_ids = True
+        out_unknown = tiny_model(latents, 500.0, context, unknown)
+        out_valid = tiny_model(latents, 500.0, context, ids)
+    assert torch.equal(out_bad, out_unknown)
+    assert not torch.equal(out_bad, out_valid)  # the pool really changed
