@@ -28,8 +28,9 @@ the bound has to itself, so there the ratio is CPU-bound (see the CPU-time ratio
 
 Prints one JSON object: best and median wall seconds and best CPU seconds per measurement
 (all threads of this process; the loopback server's CPU is not included), MB/s from the best
-wall time, and the consumer's ratios to each bound, by wall time and by CPU time (CPU time does
-not depend on how busy the machine is). Also, best of reps: the main thread's CPU seconds (the
+wall time, and the consumer's ratios to each bound, by wall time (best of reps, medians, and the
+median of the per-round ratios, which pairs measurements taken seconds apart) and by CPU time (CPU
+time does not depend on how busy the machine is). Also, best of reps: the main thread's CPU seconds (the
 consumer's reader: socket or file reads, tarfile, torch.load; the hashes run on helper threads)
 and, for consumer_http, the median of the loopback server process's CPU seconds (Linux /proc;
 coarse, 10 ms ticks). Load average is recorded before and after.
@@ -257,6 +258,11 @@ def main() -> None:
         for b in (bound, "hash_tar_mem", "hash_file", "plain_tar_load", "plain_tar_bytes"):
             ratios[f"{c}/{b}"] = round(mbs[c] / mbs[b], 3)
         ratios[f"{c}/{bound} (median wall)"] = round(med[bound] / med[c], 3)
+        # each round's bound and consumer ran seconds apart: the median of the per-round ratios is
+        # the least sensitive to a shared host whose speed drifts between rounds
+        ratios[f"{c}/{bound} (median of rounds)"] = round(
+            statistics.median(b / x for b, x in zip(walls[bound], walls[c], strict=True)), 3
+        )
         ratios[f"{c}/{bound} (cpu)"] = round(cpu[bound] / cpu[c], 3)
         ratios[f"{c} cpu / ({bound} + plain_tar_load) cpu"] = round(
             cpu[c] / (cpu[bound] + cpu["plain_tar_load"]), 3

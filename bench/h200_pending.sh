@@ -41,7 +41,7 @@ if [ "${1:-}" = "latents" ]; then
   timeout 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
   tail -n 3 "$OUT/pytest_gpu.log"
   cut -c1-600 "$OUT/latents.jsonl"
-  grep -h 'consumer_[a-z]*/hash_required_mem"' "$OUT"/cache_*.json
+  grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json
   exit 0
 fi
 
