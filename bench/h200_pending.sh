@@ -2,8 +2,8 @@
 # The GPU measurements still owed (issues 4, 5, 7), in one lease of the 2x H200 host, so the machine
 # starts once: two calls back to back (each under the 10-minute limit), from the repository root
 # through the device tool with carry [".whl"] (or a `git archive HEAD` copy with .whl inside it):
-#   bash bench/h200_pending.sh sft      NCCL bandwidth (default and NCCL_PROTO=Simple), the SFT with
-#                                       NCCL's default, 8 and 4 CTAs side by side beside plain_zero2.py
+#   bash bench/h200_pending.sh sft      NCCL bandwidth, the SFT with NCCL's default, 8 CTAs, no overlap
+#                                       and 4 CTAs side by side beside plain_zero2.py
 #                                       (both GPUs), and the full-size code world generated on the CPU
 #                                       meanwhile (kept in /tmp/full for the next call)
 #   bash bench/h200_pending.sh latents  latents on GPU 0, the GPU-marked tests, then the cache consumer
@@ -48,11 +48,10 @@ fi
 (python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > "$OUT/gen.log" 2>&1; touch /tmp/gen.done) &
 
 timeout 60 torchrun --nproc_per_node=2 bench/nccl_probe.py 2>&1 | grep '^{' >> "$OUT/nccl.jsonl"
-NCCL_PROTO=Simple timeout 60 torchrun --nproc_per_node=2 bench/nccl_probe.py 2>&1 | grep '^{' >> "$OUT/nccl.jsonl"
 
 # logs and profiles go to one archive ($OUT brings back at most 8 files)
-timeout 470 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
-  --clips-per-run 6 --variants nockpt_fused_compile,nockpt_fused_compile_ctas8,nockpt_fused_compile_ctas4 \
+timeout 500 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
+  --clips-per-run 6 --variants nockpt_fused_compile,nockpt_fused_compile_ctas8,nockpt_fused_compile_nooverlap,nockpt_fused_compile_ctas4 \
   --plain-steps 8 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft.jsonl"
 
 tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
