@@ -59,6 +59,7 @@ class Bench:
         torch.manual_seed(0)
         with torch.device(self.dev):
             self.model = GcDiT(self.cfg).to(self.dtype).eval()
+        self.model.attn_backend = args.attn_backend  # the unmasked attention of forward / train
         self.sync()
         self.block_params = sum(
             p.numel() for n, p in self.model.named_parameters() if n.startswith("blocks.")
@@ -73,6 +74,7 @@ class Bench:
             block_params=self.block_params,
             torch=torch.__version__,
             gpu=torch.cuda.get_device_name(0) if self.cuda else None,
+            attn_backend=args.attn_backend,
         )
         g = torch.Generator(device="cpu").manual_seed(0)
         n = self.cells
@@ -354,7 +356,7 @@ class Bench:
         except Exception as e:  # flex needs a working torch.compile; report and go on
             emit(probe="tf_train", variant=f"gcdit_{m.attn_backend}" + tag, error=repr(e)[:300])
         finally:
-            m.attn_backend = "sdpa"
+            m.attn_backend = self.args.attn_backend
             m.eval()
             m.zero_grad(set_to_none=True)
 
@@ -386,6 +388,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--compile", action="store_true", help="also run forward/train with torch.compile'd blocks"
+    )
+    p.add_argument(
+        "--attn-backend",
+        default="sdpa",
+        choices=["sdpa", "fa4"],
+        help="kernel of the unmasked self-attention (fa4: the optional flash-attn-4 package)",
     )
     args = p.parse_args(argv)
     if args.ckpt_blocks is None:

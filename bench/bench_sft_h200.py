@@ -77,6 +77,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
         "zero": {"overlap_comm": False},
     },
+    # FlashAttention-4 for the self-attention (optional flash-attn-4 package: h200_pending.sh fa4)
+    "nockpt_fused_compile_fa4": {
+        "model": {
+            "gradient_checkpointing": False,
+            "compile": True,
+            "overrides": FUSED,
+            "attn_backend": "fa4",
+        },
+    },
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },

@@ -8,6 +8,8 @@
 #                                       meanwhile (kept in /tmp/full for the next call)
 #   bash bench/h200_pending.sh latents  latents on GPU 0, the GPU-marked tests, then the cache consumer
 #                                       on 16 pinned cores
+#   bash bench/h200_pending.sh fa4      FlashAttention-4 against SDPA (test, DiT train, SFT), after the
+#                                       three fa4-stage calls that bench/fa4_wheels.sh describes
 #   bash bench/h200_pending.sh ctas     one short lease: NCCL at 8 CTAs, that SFT variant beside plain,
 #                                       latents
 # JSON lines and logs go under $OUT.
@@ -17,6 +19,29 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
   DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+
+if [ "${1:-}" = "fa4-stage" ]; then  # one of bench/fa4_wheels.sh's folders into /tmp/fa4w (kept while warm)
+  mkdir -p /tmp/fa4w && cp "$2"/* /tmp/fa4w/ && ls -la /tmp/fa4w
+  exit 0
+fi
+
+if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA, GPU test, DiT train, SFT
+  cd /tmp/fa4w && cat part-*.00 part-*.01 part-*.02 > "$(ls part-*.00 | sed 's/^part-//; s/\.00$//')" \
+    && sha256sum -c libs.sha256 && rm part-* && cd - > /dev/null || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/fa4w/*.whl || exit 1
+  timeout 150 python3 -m pytest -q -m fa4 tests -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
+  tail -n 15 "$OUT/pytest_fa4.log"
+  for b in sdpa fa4; do
+    timeout 150 python3 bench/bench_dit_h200.py --probes train --ckpt-blocks 0 --compile --attn-backend $b 2>&1 \
+      | grep '^{' >> "$OUT/dit_attn.jsonl"
+  done
+  timeout 300 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
+    --clips-per-run 6 --variants nockpt_fused_compile,nockpt_fused_compile_fa4 --plain-steps 0 2>&1 \
+    | grep '^{' | cut -c1-2000 > "$OUT/sft_fa4.jsonl"
+  tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
+  grep -h '"train"' "$OUT/dit_attn.jsonl" | cut -c1-300; cut -c1-600 "$OUT/sft_fa4.jsonl"
+  exit 0
+fi
 
 if [ "${1:-}" = "ctas" ]; then  # one short lease: NCCL at 8 CTAs, that SFT variant beside plain, latents
   (python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > /tmp/gen.log 2>&1; touch /tmp/gen.done) &
@@ -38,7 +63,7 @@ if [ "${1:-}" = "latents" ]; then
   timeout 150 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
   timeout 120 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm --shards 2 \
     --samples-per-shard 8 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
-  timeout 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+  timeout 120 python3 -m pytest -q -m "gpu and not fa4" tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
   tail -n 3 "$OUT/pytest_gpu.log"
   cut -c1-600 "$OUT/latents.jsonl"
   grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json

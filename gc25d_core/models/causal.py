@@ -27,7 +27,7 @@ written under no_grad). ``sigma = t / 1000``; the timestep axis itself comes fro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -214,9 +214,12 @@ class FullSequenceAttention:
         num_heads: int,
         mask: torch.Tensor | None = None,
         block_mask: Any = None,
+        dense: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
     ):
+        """``dense(q, k, v, num_heads)``: the unmasked kernel (default: PyTorch SDPA)."""
         self.cos, self.sin, self.num_heads = cos, sin, num_heads
         self.mask, self.block_mask = mask, block_mask
+        self.dense = dense
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q = apply_rope(q, self.cos, self.sin, self.num_heads)
@@ -226,6 +229,8 @@ class FullSequenceAttention:
             qh, kh, vh = (rearrange(t, "b s (n d) -> b n s d", n=h) for t in (q, k, v))
             x = _flex_attention(qh, kh, vh, self.block_mask)
             return rearrange(x, "b n s d -> b s (n d)", n=h)
+        if self.mask is None and self.dense is not None:
+            return self.dense(q, k, v, self.num_heads)
         return sdpa(q, k, v, self.num_heads, self.mask)
 
 

@@ -217,7 +217,9 @@ class GcDiT(WanModel):
             block.__class__ = GcDiTBlock  # adds no parameters: keys and init stay DiffSynth's
         install_sem_cond(self, cfg.vocab, hidden=cfg.sem_hidden)
         self.use_fused_rmsnorm(cfg.fused_rmsnorm)
-        self.attn_backend = "sdpa"  # or "flex" (GPU: compiled flex attention for causal masks)
+        # "sdpa"; "flex" (GPU: compiled flex attention for causal masks); "fa4" (GPU, optional
+        # flash-attn-4 package: FlashAttention-4 for the unmasked full-sequence attention)
+        self.attn_backend = "sdpa"
         self.track_stats = False
         # raw sem ids outside the vocab raise in pooled_onehot (one device sync per forward); a
         # caller that checked them on the host (the SFT data worker) turns this off
@@ -394,7 +396,12 @@ class GcDiT(WanModel):
             check_full_sequence(int(positions.max()), causal)
         cos, sin = self.rope_table(x.device, x.dtype).token_freqs(positions, h, w)
         if causal is None:
-            return FullSequenceAttention(cos, sin, self.num_heads)
+            dense = None
+            if self.attn_backend == "fa4":
+                from gc25d_core.models.fa4 import fa4_attention
+
+                dense = fa4_attention
+            return FullSequenceAttention(cos, sin, self.num_heads, dense=dense)
         gm = group_mask(f, causal, teacher_forcing, device=x.device)
         if self.attn_backend == "flex":
             return FullSequenceAttention(cos, sin, self.num_heads, block_mask=flex_block_mask(gm, h * w))

@@ -149,3 +149,51 @@ def test_sem_id_check_can_move_to_the_host(tiny_model):
         out_valid = tiny_model(latents, 500.0, context, ids)
     assert torch.equal(out_bad, out_unknown)
     assert not torch.equal(out_bad, out_valid)  # the pool really changed
+
+
+def test_fa4_backend_plumbing_matches_sdpa(monkeypatch):
+    """attn_backend='fa4' hands the unmasked self-attention to flash_attn.cute.flash_attn_func in
+    its [B, S, H, D] layout, once per block. A stand-in for the package (SDPA in that layout; the
+    real kernels run only on the GPU, tests/models/test_gpu_models.py) checks our side: layouts,
+    reshapes, the call per layer, and that masked attention never goes there."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    from gc25d_core.models.configs import FULL_CAUSAL
+
+    calls: list[tuple[int, ...]] = []
+
+    def flash_attn_func(q, k, v):
+        calls.append(tuple(q.shape))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2), None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+
+    model = make_model(seed=9).to(torch.bfloat16)
+    latents, context, ids = make_inputs(3, seed=9, per_cell_text=False)
+    latents, context = latents.bfloat16(), context.bfloat16()
+    with torch.no_grad():
+        ref = model(latents, 500.0, context, ids)
+        model.attn_backend = "fa4"
+        got = model(latents, 500.0, context, ids)
+        assert calls == [(1, 3 * 2 * 3, 2, 48)] * 2  # one call per block: 3 cells x 2x3 tokens, 2 heads
+        model.forward_teacher_forcing(latents, latents, 500.0, context, ids, causal=FULL_CAUSAL)
+        assert len(calls) == 2  # masked attention stays on SDPA
+    torch.testing.assert_close(got, ref)
+    with pytest.raises(TypeError, match="bf16/fp16"):
+        from gc25d_core.models.fa4 import fa4_attention
+
+        fa4_attention(torch.zeros(1, 4, 8), torch.zeros(1, 4, 8), torch.zeros(1, 4, 8), 2)
+
+
+def test_fa4_backend_needs_a_cuda_device():
+    from gc25d_core.models.fa4 import check_fa4
+
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        check_fa4("cpu")
