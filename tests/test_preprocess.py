@@ -175,3 +175,29 @@ def test_latents_batches_group_decoded_clips_and_report_failed_ones():
     assert [[i for i, _ in g] for g in groups] == [[0, 2], [3, 4]]
     assert errors == [(1, "OSError: bad png")]
     assert [[i for i, _ in g] for g in _clip_batches(loader[:3], 4, lambda i, m: None)] == [[0, 2]]
+
+
+def test_latents_batch_encoded_before_a_failure_is_still_written(tmp_path, tiny_raw, monkeypatch):
+    """The job writes batch k while batch k+1 encodes; if k+1's encode raises, k is written anyway."""
+    from gc25d_core.preprocess import latents as L
+
+    cfg = _cfg(tmp_path, tiny_raw.root)
+    cfg = cfg.model_copy(update={"vae": cfg.vae.model_copy(update={"num_workers": 0, "clips_per_batch": 1})})
+    build_and_write(tiny_raw.root, cfg)
+    layout = Layout(cfg.paths.data_root)
+    rows = sorted(read_index(layout), key=lambda r: r.clip_id)[:3]
+    real, calls = L.encode_batch, []
+
+    def encode_then_fail(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(L, "encode_batch", encode_then_fail)
+    done: list[str] = []
+    with pytest.raises(RuntimeError, match="simulated"):
+        L.run_latents(cfg, rows, torch.device("cpu"), lambda r, n: done.append(r.clip_id), lambda r, e: None)
+    assert done == [rows[0].clip_id]
+    read_latents(layout.latents(rows[0].clip_id), Shapes.of(cfg))  # complete and valid
+    assert not layout.latents(rows[1].clip_id).exists()

@@ -211,25 +211,27 @@ def run_latents(
     timings: list[Any] = []  # (start, end) CUDA events, or host seconds on CPU
     t_start, first_batch = time.perf_counter(), None
     pending: _Encoded | None = None
-    for good in _clip_batches(loader, cfg.vae.clips_per_batch, lambda i, msg: on_error(rows[i], msg)):
-        if first_batch is None:
-            first_batch = time.perf_counter() - t_start
-        if device.type == "cuda":
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
-            latents = encode_batch(vae, [f for _, f in good], device, cfg)
-            ev1.record()
-            timings.append((ev0, ev1))
-        else:
-            t0 = time.perf_counter()
-            latents = encode_batch(vae, [f for _, f in good], device, cfg)
-            timings.append(time.perf_counter() - t0)
-        encoded = _Encoded([rows[i] for i, _ in good], latents, device)
+    try:
+        for good in _clip_batches(loader, cfg.vae.clips_per_batch, lambda i, msg: on_error(rows[i], msg)):
+            if first_batch is None:
+                first_batch = time.perf_counter() - t_start
+            if device.type == "cuda":
+                ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ev0.record()
+                latents = encode_batch(vae, [f for _, f in good], device, cfg)
+                ev1.record()
+                timings.append((ev0, ev1))
+            else:
+                t0 = time.perf_counter()
+                latents = encode_batch(vae, [f for _, f in good], device, cfg)
+                timings.append(time.perf_counter() - t0)
+            encoded = _Encoded([rows[i] for i, _ in good], latents, device)
+            if pending is not None:
+                write(pending)  # while the GPU encodes this batch
+            pending = encoded
+    finally:  # also when a later batch fails: the batch already encoded is not lost
         if pending is not None:
-            write(pending)  # while the GPU encodes this batch
-        pending = encoded
-    if pending is not None:
-        write(pending)
+            write(pending)
     if device.type == "cuda":
         encode = sum(a.elapsed_time(b) for a, b in timings) / 1e3
     else:
