@@ -61,8 +61,8 @@ if [ "${1:-}" = "latents" ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/bench_latents_h200.py --raw /tmp/full --repeat 8 --batches 2 \
     --workers 8 --plain-clips 4 --warmup 1 2>&1 | grep '^{' > "$OUT/latents.jsonl"
   timeout 150 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
-  timeout 120 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm --shards 2 \
-    --samples-per-shard 8 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
+  timeout 200 python3 bench/bench_cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
+    --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
   timeout 120 python3 -m pytest -q -m "gpu and not fa4" tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
   tail -n 3 "$OUT/pytest_gpu.log"
   cut -c1-600 "$OUT/latents.jsonl"
