@@ -114,9 +114,25 @@ class _BufferFile(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         out = memoryview(b).cast("B")
         n = max(0, min(len(out), len(self._mv) - self._pos))
-        out[:n] = self._mv[self._pos : self._pos + n]
+        copy_into(out[:n], self._mv[self._pos : self._pos + n])
         self._pos += n
         return n
+
+
+_GIL_FREE_COPY = 64 << 10  # copies at least this large go through numpy (see copy_into)
+
+
+def copy_into(dst: memoryview, src: bytes | memoryview) -> None:
+    """``dst[:] = src``. Large copies go through numpy, which drops the GIL while it copies. A
+    memoryview copy holds the GIL, and the hash threads (hashlib drops it while hashing, but needs
+    it back after every piece) wait for it: concurrent SHA256 fell from 1.8 to 0.5 GB/s while
+    another thread copied 26 MB buffers by memoryview, and stayed at 1.8 with ``np.copyto``."""
+    if len(dst) < _GIL_FREE_COPY:
+        dst[:] = src
+        return
+    import numpy as np
+
+    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
 def deserialize_pt(data: bytes | bytearray | memoryview) -> Any:
@@ -311,7 +327,7 @@ class HashingReader:
             else:
                 b = self.raw.read(end - got)
                 k = len(b)
-                out[got : got + k] = b
+                copy_into(out[got : got + k], b)
             if k == 0:
                 break
             got += k

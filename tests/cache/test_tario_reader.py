@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
 import threading
 from typing import Any
@@ -224,3 +225,18 @@ def test_deserialize_pt_reads_buffers_without_copying_them_first():
     raw = bytearray(buf.getvalue())
     for data in (bytes(raw), raw, memoryview(raw).toreadonly()):
         assert torch.equal(deserialize_pt(data)["a"], torch.arange(1000, dtype=torch.int16))
+
+
+@pytest.mark.parametrize("n", [0, 100, (64 << 10) - 1, 64 << 10, 3 << 20])
+def test_copy_into_small_and_gil_free_paths_copy_the_same_bytes(n):
+    src = os.urandom(n)
+    for source in (src, memoryview(src).toreadonly()):
+        dst = bytearray(n + 8)
+        tario.copy_into(memoryview(dst)[4 : 4 + n], source)
+        assert bytes(dst[4 : 4 + n]) == src and dst[:4] == dst[4 + n :] == b"\0" * 4
+
+
+def test_a_large_pt_loads_through_the_buffer_file():
+    x = torch.randn(3, 1 << 18)  # 3 MiB: storage read through copy_into's numpy path
+    pt = tario.encode_pt({"x": x})
+    assert torch.equal(tario.deserialize_pt(memoryview(bytearray(pt)).toreadonly())["x"], x)
