@@ -186,6 +186,14 @@ def test_fa4_backend_plumbing_matches_sdpa(monkeypatch):
         model.forward_teacher_forcing(latents, latents, 500.0, context, ids, causal=FULL_CAUSAL)
         assert len(calls) == 2  # masked attention stays on SDPA
     torch.testing.assert_close(got, ref)
+    model.enable_compile(backend="eager")  # dynamo traces the block; the FA4 call is a graph break
+    try:
+        with torch.no_grad():
+            compiled = model(latents, 500.0, context, ids)
+    finally:
+        torch._dynamo.reset()  # no compiled code of this model left for other tests
+    assert len(calls) == 4
+    torch.testing.assert_close(compiled, ref)
     with pytest.raises(TypeError, match="bf16/fp16"):
         from gc25d_core.models.fa4 import fa4_attention
 
