@@ -408,7 +408,6 @@ class TextBank:
         self.keys = sorted(table)
         self.ids = key_to_id(table)
         self.table = torch.stack([table[k] for k in self.keys]).to(device)  # bf16 [K, L, D]
-        self.device = device
 
     def context(self, keys: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, P, L, D] bank of the batch's distinct keys and [B, cells] index into it."""
@@ -503,12 +502,13 @@ class SampleTransform:
     def ground_xy(self, sample: Any) -> np.ndarray | None:
         """Pooled ground points of the clip frames: from the meta the cache sample carries
         (world_to_clip, world_to_view, ground_z), else from ``meta_root``'s meta/<clip>.npz."""
+        from gc25d_core.cache.samples import MASKING_META
         from gc25d_core.layout import Layout, Shapes, read_meta
         from gc25d_core.masking import masking_ground_xy
 
         carried = sample.tensors
-        if all(k in carried for k in ("world_to_clip", "world_to_view", "ground_z")):
-            meta = {k: carried[k].numpy() for k in ("world_to_clip", "world_to_view", "ground_z")}
+        if all(k in carried for k in MASKING_META):
+            meta = {k: carried[k].numpy() for k in MASKING_META}
             return masking_ground_xy(meta, self.geometry, self.timeline.num_frames)
         layout = Layout(self.meta_root)
         cid = str(sample.meta["clip_id"])
@@ -1080,8 +1080,8 @@ class SftTrainer:
             idx = int(self.schedule.sample_index(gen)[0])
             t = float(self.schedule.timesteps[idx])
             w = float(self.schedule.weights[idx])
-            latent = self._to_device(_batch([p.latent for p in prepared]))
-            ids = self._to_device(_batch([p.ids for p in prepared]))
+            latent = _batch([p.latent for p in prepared])
+            ids = _batch([p.ids for p in prepared])
             _, x_t, target = self._inputs(latent, t, gen)
             boundary = micro == ga - 1
             with self.engine.accumulate(boundary):
