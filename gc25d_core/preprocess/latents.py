@@ -149,6 +149,16 @@ def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc2
         return encode_on_device(vae, video, device).float()
 
 
+def _clock(device: torch.device) -> Any:
+    """A point in time for encode timings: a recorded CUDA event (device time, no sync) on the
+    GPU, ``perf_counter`` seconds on the CPU."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
 class _Encoded:
     """One batch's latents on their way to the host: a non-blocking copy into pinned memory and an
     event, so the next batch's encode is queued before this one is written."""
@@ -208,23 +218,16 @@ def run_latents(
             except Exception as e:
                 on_error(row, f"{type(e).__name__}: {e}")
 
-    timings: list[Any] = []  # (start, end) CUDA events, or host seconds on CPU
+    timings: list[tuple[Any, Any]] = []  # (start, end) per encode: see _clock
     t_start, first_batch = time.perf_counter(), None
     pending: _Encoded | None = None
     try:
         for good in _clip_batches(loader, cfg.vae.clips_per_batch, lambda i, msg: on_error(rows[i], msg)):
             if first_batch is None:
                 first_batch = time.perf_counter() - t_start
-            if device.type == "cuda":
-                ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                ev0.record()
-                latents = encode_batch(vae, [f for _, f in good], device, cfg)
-                ev1.record()
-                timings.append((ev0, ev1))
-            else:
-                t0 = time.perf_counter()
-                latents = encode_batch(vae, [f for _, f in good], device, cfg)
-                timings.append(time.perf_counter() - t0)
+            t0 = _clock(device)
+            latents = encode_batch(vae, [f for _, f in good], device, cfg)
+            timings.append((t0, _clock(device)))
             encoded = _Encoded([rows[i] for i, _ in good], latents, device)
             if pending is not None:
                 write(pending)  # while the GPU encodes this batch
@@ -235,5 +238,5 @@ def run_latents(
     if device.type == "cuda":
         encode = sum(a.elapsed_time(b) for a, b in timings) / 1e3
     else:
-        encode = float(sum(timings))
+        encode = float(sum(b - a for a, b in timings))
     return {"encode_seconds": encode, "first_batch_seconds": first_batch or 0.0}
