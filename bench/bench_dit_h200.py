@@ -31,10 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from mfu import dit_flops, mfu  # noqa: E402  (bench/, the script's own folder)
 
 from gc25d_core.compat import import_diffsynth  # noqa: E402
-
-PEAK_TFLOPS = 989.0
 
 
 def emit(**kw: Any) -> None:
@@ -122,13 +121,7 @@ class Bench:
         return torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
 
     def flops(self, tokens: int, train: bool) -> float:
-        d, layers = self.cfg.dim, self.cfg.num_layers
-        f = (
-            2 * self.block_params * tokens
-            + 4 * layers * tokens**2 * d
-            + 4 * layers * tokens * self.text_len * d
-        )
-        return 3 * f if train else f
+        return dit_flops(self.block_params, tokens, self.cfg.dim, self.cfg.num_layers, self.text_len, train)
 
     def tokens(self, cells: int) -> int:
         return cells * self.hw[0] * self.hw[1] // 4
@@ -151,7 +144,7 @@ class Bench:
             tokens=tokens,
             s=s,
             model_tflops=fl / s / 1e12,
-            mfu_vs_989=fl / s / (PEAK_TFLOPS * 1e12),
+            mfu_vs_989=mfu(fl, s),
             peak_gib=self.peak_gib(),
             **extra,
         )

@@ -32,7 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PEAK_TFLOPS = 989.0
+from mfu import dit_flops, mfu  # noqa: E402  (bench/, the script's own folder)
+
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
 ENV = "_env"  # a variant's environment additions (not an sft override)
@@ -136,9 +137,7 @@ def block_flops(tiny: bool) -> tuple[float, dict[str, Any]]:
     p_blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
     hw = (4, 6) if tiny else (30, 52)
     s = 21 * hw[0] * hw[1] // 4
-    d, layers = dit.dim, dit.num_layers
-    f = 3 * (2 * p_blocks * s + 4 * layers * s * s * d + 4 * layers * s * TEXT_LEN * d)
-    return f, {"block_params": p_blocks, "tokens": s}
+    return dit_flops(p_blocks, s, dit.dim, dit.num_layers, TEXT_LEN), {"block_params": p_blocks, "tokens": s}
 
 
 def torchrun(nproc: int, args: list[str], log: Path, env: dict[str, str]) -> tuple[int, float]:
@@ -165,8 +164,8 @@ def summarize(
         "step_s_median": med,
         "step_s_mean": mean,
         "step_s_min": min(steady),
-        "mfu_median": flops_per_gpu_step / med / (PEAK_TFLOPS * 1e12),
-        "mfu_mean": flops_per_gpu_step / mean / (PEAK_TFLOPS * 1e12),
+        "mfu_median": mfu(flops_per_gpu_step, med),
+        "mfu_mean": mfu(flops_per_gpu_step, mean),
     }
     # the bench's small cache ends an epoch every few steps, and the step that restarts the
     # DataLoader stalls; at v10's 12,800 clips an epoch is 800 steps, so leave those steps out too
@@ -178,7 +177,7 @@ def summarize(
     if warm > 0 and in_epoch and "epoch" in records[0]:
         med_in = statistics.median(in_epoch)
         out["step_s_median_in_epoch"] = med_in
-        out["mfu_median_in_epoch"] = flops_per_gpu_step / med_in / (PEAK_TFLOPS * 1e12)
+        out["mfu_median_in_epoch"] = mfu(flops_per_gpu_step, med_in)
     return out
 
 
