@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mfu import dit_flops, mfu  # noqa: E402  (bench/, the script's own folder)
+from launch import bench_env, torchrun  # noqa: E402  (bench/, the script's own folder)
+from mfu import dit_flops, mfu  # noqa: E402
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
@@ -140,14 +139,6 @@ def block_flops(tiny: bool) -> tuple[float, dict[str, Any]]:
     return dit_flops(p_blocks, s, dit.dim, dit.num_layers, TEXT_LEN), {"block_params": p_blocks, "tokens": s}
 
 
-def torchrun(nproc: int, args: list[str], log: Path, env: dict[str, str]) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-    return rc, time.perf_counter() - t0
-
-
 def tail(path: Path, n: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
@@ -206,8 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     flops_clip, info = block_flops(args.tiny)
     sft = cfg.extra["sft"]
     clips_per_gpu_step = sft["micro_batch"] * sft["grad_accum"]
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    env = bench_env()
     summary: dict[str, Any] = {
         "probe": "summary",
         "nproc": args.nproc,

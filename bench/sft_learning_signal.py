@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from launch import bench_env, torchrun  # noqa: E402  (bench/, the script's own folder)
 
 
 def fitted_vae_world(run_dir: Path, vae_steps: int):
@@ -128,26 +128,10 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(world)
         cfg = sft_world(world, sft, starts=(0, 96, 192, 288), latents="from_ids")
     config = write_resolved(cfg, args.run_dir, "config.yaml")
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={args.nproc}",
-        "-m",
-        "gc25d_core.jobs.sft",
-        "--config",
-        str(config),
-        "--run-dir",
-        str(args.run_dir),
-        *(["--fresh"] if args.fresh else []),
-    ]
-    t0 = time.perf_counter()
-    with (args.run_dir / "train.log").open("w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.perf_counter() - t0
+    job = ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(args.run_dir)]
+    rc, wall = torchrun(
+        args.nproc, job + (["--fresh"] if args.fresh else []), args.run_dir / "train.log", bench_env()
+    )
     if rc != 0:
         print((args.run_dir / "train.log").read_text()[-3000:], file=sys.stderr)
         raise SystemExit(f"training failed (rc {rc}); log: {args.run_dir / 'train.log'}")
