@@ -86,6 +86,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "attn_backend": "fa4",
         },
     },
+    "nockpt_fused_compile_ctas8_fa4": {
+        "model": {
+            "gradient_checkpointing": False,
+            "compile": True,
+            "overrides": FUSED,
+            "attn_backend": "fa4",
+        },
+        "zero": {"reduce_bucket_size": 200_000_000},
+        ENV: {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"},
+    },
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage FlashAttention-4 (flash-attn-4, CuTe DSL) for the GPU machine, which cannot download. Its
 # other needs (torch, einops, cuda-bindings, protobuf, typing-extensions) are on the image (KINDS.md).
-# Its nvidia-cutlass-dsl-libs-cu12 wheel (92 MB) is over the device's 64 MiB carry limit per call,
+# The GPU image's torch is a CUDA 13 build (2.11.0+cu130), so the runtime is flash-attn-4's `cu13` extra:
+# nvidia-cutlass-dsl-libs-cu13. That wheel (92 MB) is over the device's 64 MiB carry limit per call,
 # so the wheels are split over three folders, carried one per call of the same lease:
 #   here:  bash bench/fa4_wheels.sh                  -> .fa4/1 .fa4/2 .fa4/3 (git-ignored)
 #   there: call 1, carry [".fa4/1"]:                 bash bench/h200_pending.sh fa4-stage .fa4/1
@@ -17,11 +18,11 @@ dl() {
     --platform any -d .fa4/all "$@"
 }
 dl flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
-  nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu12==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5
-big=$(ls .fa4/all/nvidia_cutlass_dsl_libs_cu12-*.whl)
+  nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5
+big=$(ls .fa4/all/nvidia_cutlass_dsl_libs_cu13-*.whl)
 split -n 3 -d "$big" ".fa4/part-$(basename "$big")."
 mv .fa4/part-*.00 .fa4/1/ && mv .fa4/part-*.01 .fa4/2/ && mv .fa4/part-*.02 .fa4/3/
-find .fa4/all -name '*.whl' ! -name 'nvidia_cutlass_dsl_libs_cu12-*' -exec mv {} .fa4/1/ \;
+find .fa4/all -name '*.whl' ! -name 'nvidia_cutlass_dsl_libs_cu13-*' -exec mv {} .fa4/1/ \;
 sha256sum "$big" | sed 's#.fa4/all/##' > .fa4/3/libs.sha256
 rm -rf .fa4/all
 du -sh .fa4/1 .fa4/2 .fa4/3

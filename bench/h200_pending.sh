@@ -8,8 +8,11 @@
 #                                       meanwhile (kept in /tmp/full for the next call)
 #   bash bench/h200_pending.sh latents  latents on GPU 0, the GPU-marked tests, then the cache consumer
 #                                       on 16 pinned cores
-#   bash bench/h200_pending.sh fa4      FlashAttention-4 against SDPA (test, DiT train, SFT), after the
-#                                       three fa4-stage calls that bench/fa4_wheels.sh describes
+#   bash bench/h200_pending.sh fa4      FlashAttention-4 against SDPA (GPU test, attention alone, SFT at
+#                                       8 CTAs with each, plain beside), after the three fa4-stage calls
+#                                       that bench/fa4_wheels.sh describes
+#   bash bench/h200_pending.sh sft2 [v] after fa4: more SFT variants (comma list v) in the same lease
+#   bash bench/h200_pending.sh cache    the cache consumer on 16 pinned cores, then the GPU-marked tests
 #   bash bench/h200_pending.sh ctas     one short lease: NCCL at 8 CTAs, that SFT variant beside plain,
 #                                       latents
 # JSON lines and logs go under $OUT.
@@ -25,21 +28,41 @@ if [ "${1:-}" = "fa4-stage" ]; then  # one of bench/fa4_wheels.sh's folders into
   exit 0
 fi
 
-if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA, GPU test, DiT train, SFT
+if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA (test, attention alone, SFT)
   cd /tmp/fa4w && cat part-*.00 part-*.01 part-*.02 > "$(ls part-*.00 | sed 's/^part-//; s/\.00$//')" \
     && sha256sum -c libs.sha256 && rm part-* && cd - > /dev/null || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/fa4w/*.whl || exit 1
-  timeout 150 python3 -m pytest -q -m fa4 tests -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
+  # nvidia-cutlass-dsl puts its `cutlass` package on the path with a .pth file, which --target folders skip
+  export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+  timeout 200 python3 -m pytest -q -m fa4 tests -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
   tail -n 15 "$OUT/pytest_fa4.log"
-  for b in sdpa fa4; do
-    timeout 150 python3 bench/bench_dit_h200.py --probes train --ckpt-blocks 0 --compile --attn-backend $b 2>&1 \
-      | grep '^{' >> "$OUT/dit_attn.jsonl"
-  done
-  timeout 300 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
-    --clips-per-run 6 --variants nockpt_fused_compile,nockpt_fused_compile_fa4 --plain-steps 0 2>&1 \
+  timeout 120 python3 bench/bench_attn_h200.py 2>&1 | tail -n 20 > "$OUT/attn.jsonl"
+  cut -c1-400 "$OUT/attn.jsonl"
+  timeout 330 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
+    --clips-per-run 6 --variants nockpt_fused_compile_ctas8,nockpt_fused_compile_ctas8_fa4 --plain-steps 6 2>&1 \
     | grep '^{' | cut -c1-2000 > "$OUT/sft_fa4.jsonl"
   tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
-  grep -h '"train"' "$OUT/dit_attn.jsonl" | cut -c1-300; cut -c1-600 "$OUT/sft_fa4.jsonl"
+  cut -c1-700 "$OUT/sft_fa4.jsonl"
+  exit 0
+fi
+
+if [ "${1:-}" = "sft2" ]; then  # same lease, after fa4: the other settings beside the best of fa4
+  export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+  timeout 560 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs2 --nproc 2 --steps 16 --warm 4 \
+    --clips-per-run 6 --variants "${2:-nockpt_fused_compile,nockpt_fused_compile_fa4,nockpt_fused_compile_ctas8_fa4}" \
+    --plain-steps 0 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft2.jsonl"
+  tar czf "$OUT/sft_logs2.tgz" -C /tmp/sftlogs2 .
+  cut -c1-700 "$OUT/sft2.jsonl"
+  exit 0
+fi
+
+if [ "${1:-}" = "cache" ]; then  # the cache consumer on 16 pinned cores, then the GPU-marked tests
+  timeout 200 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
+  timeout 260 python3 bench/bench_cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
+    --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
+  timeout 240 python3 -m pytest -q -m "gpu and not fa4" tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+  tail -n 3 "$OUT/pytest_gpu.log"
+  grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json
   exit 0
 fi
 

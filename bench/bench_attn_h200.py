@@ -1,0 +1,127 @@
+"""Self-attention alone at the 5B training shape, forward + backward, per kernel. Prints JSON lines.
+
+One clip of the SFT: q, k, v [1, 8190, 24, 128] bf16 (21 cells of 15x26 tokens, 24 heads of 128), no
+mask. Kernels: PyTorch SDPA with its default pick (cuDNN on an H200), SDPA restricted to its flash
+(FA2) kernel, and FlashAttention-4 (``gc25d_core.models.fa4``, optional flash-attn-4 package), each
+called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
+convention of bench/mfu.py), timed with CUDA events, median of --reps after --warmup.
+
+Usage: python bench/bench_attn_h200.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa(heads: int, backend: object | None) -> Attn:
+    """[B, S, H*D] in and out, through SDPA's [B, H, S, D] layout (GcDiT's sdpa path)."""
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, s, hd = q.shape
+        q4, k4, v4 = (x.view(b, s, heads, hd // heads).transpose(1, 2) for x in (q, k, v))
+        if backend is None:
+            out = F.scaled_dot_product_attention(q4, k4, v4)
+        else:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(backend):  # type: ignore[arg-type]
+                out = F.scaled_dot_product_attention(q4, k4, v4)
+        return out.transpose(1, 2).reshape(b, s, hd)
+
+    return run
+
+
+def kernels(heads: int) -> dict[str, Attn]:
+    from torch.nn.attention import SDPBackend
+
+    from gc25d_core.models.fa4 import fa4_attention
+
+    return {
+        "sdpa": sdpa(heads, None),
+        "sdpa_flash": sdpa(heads, SDPBackend.FLASH_ATTENTION),
+        "sdpa_cudnn": sdpa(heads, SDPBackend.CUDNN_ATTENTION),
+        "fa4": lambda q, k, v: fa4_attention(q, k, v, heads),
+    }
+
+
+def time_fwd_bwd(fn: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, warmup: int, reps: int):
+    grad = torch.randn_like(q)
+    fwd, both = [], []
+    for i in range(warmup + reps):
+        for x in (q, k, v):
+            x.grad = None
+        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        e0.record()
+        out = fn(q, k, v)
+        e1.record()
+        out.backward(grad)
+        e2.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            fwd.append(e0.elapsed_time(e1) / 1e3)
+            both.append(e0.elapsed_time(e2) / 1e3)
+    return statistics.median(fwd), statistics.median(both), out.detach(), [x.grad.clone() for x in (q, k, v)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seq", type=int, default=8190)
+    p.add_argument("--heads", type=int, default=24)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--kernels", default="sdpa,sdpa_flash,sdpa_cudnn,fa4")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA device")
+    torch.manual_seed(0)
+    hd = args.heads * args.head_dim
+    q, k, v = (
+        torch.randn(1, args.seq, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    flops_fwd = 4 * args.seq**2 * hd
+    table = kernels(args.heads)
+    ref = None
+    for name in args.kernels.split(","):
+        try:
+            t_fwd, t_both, out, grads = time_fwd_bwd(table[name], q, k, v, args.warmup, args.reps)
+        except Exception as e:  # a kernel that cannot run here is reported, the others still run
+            print(json.dumps({"probe": "attn", "kernel": name, "error": repr(e)[:400]}), flush=True)
+            continue
+        if ref is None:
+            ref = (out.float(), [g.float() for g in grads])
+        rel = [((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref[1], strict=True)]
+        print(
+            json.dumps(
+                {
+                    "probe": "attn",
+                    "kernel": name,
+                    "seq": args.seq,
+                    "fwd_ms": round(t_fwd * 1e3, 3),
+                    "fwd_bwd_ms": round(t_both * 1e3, 3),
+                    "fwd_tflops": round(flops_fwd / t_fwd / 1e12, 1),
+                    "fwd_bwd_tflops": round(3 * flops_fwd / t_both / 1e12, 1),
+                    "out_rel_err_vs_first": round(((out.float() - ref[0]).norm() / ref[0].norm()).item(), 5),
+                    "grad_rel_err_vs_first": [round(x, 5) for x in rel],
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
