@@ -2,8 +2,9 @@
 
 One clip of the SFT: q, k, v [1, 8190, 24, 128] bf16 (21 cells of 15x26 tokens, 24 heads of 128), no
 mask. Kernels: PyTorch SDPA with its default pick (cuDNN on an H200), SDPA restricted to its flash
-(FA2) kernel, and FlashAttention-4 (``gc25d_core.models.fa4``, optional flash-attn-4 package), each
-called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
+(FA2) or cuDNN kernel, FlashAttention-4 (``gc25d_core.models.fa4``, optional flash-attn-4 package)
+called directly, and SDPA's flash op after torch's FA4 hook is activated (``sdpa_fa4``; the hook is
+process-wide, so that kernel runs last), each called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
 convention of bench/mfu.py), timed with CUDA events, median of --reps after --warmup.
 
 Usage: python bench/bench_attn_h200.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
@@ -47,18 +48,25 @@ def sdpa(heads: int, backend: object | None) -> Attn:
 def kernels(heads: int) -> dict[str, Attn]:
     from torch.nn.attention import SDPBackend
 
-    from gc25d_core.models.fa4 import fa4_attention
+    from gc25d_core.models.fa4 import activate_fa4_sdpa, fa4_attention, fa4_sdpa_attention
+
+    def sdpa_fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        activate_fa4_sdpa()
+        return fa4_sdpa_attention(q, k, v, heads)
 
     return {
         "sdpa": sdpa(heads, None),
         "sdpa_flash": sdpa(heads, SDPBackend.FLASH_ATTENTION),
         "sdpa_cudnn": sdpa(heads, SDPBackend.CUDNN_ATTENTION),
         "fa4": lambda q, k, v: fa4_attention(q, k, v, heads),
+        "sdpa_fa4": sdpa_fa4,
     }
 
 
-def time_fwd_bwd(fn: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, warmup: int, reps: int):
-    grad = torch.randn_like(q)
+def time_fwd_bwd(
+    fn: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, warmup: int, reps: int
+):
+    """(forward s, forward + backward s), medians; the last output and q/k/v gradients for the check."""
     fwd, both = [], []
     for i in range(warmup + reps):
         for x in (q, k, v):
@@ -83,7 +91,7 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--kernels", default="sdpa,sdpa_flash,sdpa_cudnn,fa4")
+    p.add_argument("--kernels", default="sdpa,sdpa_flash,sdpa_cudnn,fa4,sdpa_fa4")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
@@ -93,12 +101,13 @@ def main() -> None:
         torch.randn(1, args.seq, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
+    grad = torch.randn_like(q)  # one upstream gradient for every kernel, so their gradients compare
     flops_fwd = 4 * args.seq**2 * hd
     table = kernels(args.heads)
     ref = None
     for name in args.kernels.split(","):
         try:
-            t_fwd, t_both, out, grads = time_fwd_bwd(table[name], q, k, v, args.warmup, args.reps)
+            t_fwd, t_both, out, grads = time_fwd_bwd(table[name], q, k, v, grad, args.warmup, args.reps)
         except Exception as e:  # a kernel that cannot run here is reported, the others still run
             print(json.dumps({"probe": "attn", "kernel": name, "error": repr(e)[:400]}), flush=True)
             continue

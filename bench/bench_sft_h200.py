@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -86,20 +87,28 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "attn_backend": "fa4",
         },
     },
-    "nockpt_fused_compile_ctas8_fa4": {
-        "model": {
-            "gradient_checkpointing": False,
-            "compile": True,
-            "overrides": FUSED,
-            "attn_backend": "fa4",
-        },
-        "zero": {"reduce_bucket_size": 200_000_000},
-        ENV: {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"},
-    },
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },
 }
+# modifiers: a variant name "a+b" is VARIANTS[a] deep-merged with MODIFIERS[b] (e.g. "..._ctas8+fa4")
+MODIFIERS: dict[str, dict[str, Any]] = {
+    "fa4": {"model": {"attn_backend": "fa4"}},
+    "sdpa_fa4": {"model": {"attn_backend": "sdpa_fa4"}},
+}
+
+
+def variant(name: str) -> dict[str, Any]:
+    """The overrides (and ENV) of ``name``: a VARIANTS entry, then any ``+modifier`` merged on top."""
+    from gc25d_core.config import deep_merge
+
+    base, *mods = name.split("+")
+    if base not in VARIANTS or any(m not in MODIFIERS for m in mods):
+        raise SystemExit(f"unknown variant {name!r}: {sorted(VARIANTS)} with +{sorted(MODIFIERS)}")
+    out = dict(VARIANTS[base])
+    for m in mods:
+        out = deep_merge(out, MODIFIERS[m])
+    return out
 
 
 def emit(**kw: Any) -> None:
@@ -179,6 +188,10 @@ def summarize(
         med_in = statistics.median(in_epoch)
         out["step_s_median_in_epoch"] = med_in
         out["mfu_median_in_epoch"] = mfu(flops_per_gpu_step, med_in)
+    waits = [r["data_wait_s"] for r in records[warm:] if "data_wait_s" in r]
+    if waits:  # host seconds per step spent waiting for the DataLoader (the SFT's metrics)
+        out["data_wait_s_median"] = statistics.median(waits)
+        out["data_wait_s_max"] = max(waits)
     return out
 
 
@@ -193,6 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default="nockpt_fused")
     ap.add_argument("--plain-steps", type=int, default=10, help="0: skip plain_zero2.py")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument(
+        "--fa4-path",
+        default="",
+        help="folders put first on PYTHONPATH for the attn_backend=fa4 variants only: flash-attn-4's "
+        "top-level package is `flash_attn`, the name DiffSynth probes for FlashAttention-2, so the "
+        "plain stack must not see it",
+    )
     ap.add_argument(
         "--profile", action="store_true", help="torch.profiler over steps 2-3 (left out by --warm 4)"
     )
@@ -215,8 +235,10 @@ def main(argv: list[str] | None = None) -> None:
         "clips_per_gpu_step": clips_per_gpu_step,
     }
     for name in [v for v in args.variants.split(",") if v]:
-        extra: dict[str, Any] = dict(VARIANTS[name])
+        extra = variant(name)
         venv = {**env, **extra.pop(ENV, {})}
+        if args.fa4_path and extra.get("model", {}).get("attn_backend") in ("fa4", "sdpa_fa4"):
+            venv["PYTHONPATH"] = os.pathsep.join(x for x in (args.fa4_path, env.get("PYTHONPATH")) if x)
         if args.profile:
             extra["profile"] = {"start": 2, "steps": 2}
         vcfg = with_sft(cfg, cfg.extra["sft"], extra)
@@ -238,7 +260,13 @@ def main(argv: list[str] | None = None) -> None:
             "peak_mem_gib": max((r["peak_mem_gib"] for r in records if "peak_mem_gib" in r), default=None),
             "loss_first_last": [records[0]["loss"], records[-1]["loss"]] if records else None,
         }
-        emit(probe="sft", variant=name, **res, step_s=[round(r["step_s"], 4) for r in records])
+        emit(
+            probe="sft",
+            variant=name,
+            **res,
+            step_s=[round(r["step_s"], 4) for r in records],
+            data_wait_s=[round(r.get("data_wait_s", 0.0), 4) for r in records],
+        )
         if rc != 0:
             print(tail(log), flush=True)
         ops = run_dir / "profile" / "ops.txt"

@@ -8,10 +8,10 @@
 #                                       meanwhile (kept in /tmp/full for the next call)
 #   bash bench/h200_pending.sh latents  latents on GPU 0, the GPU-marked tests, then the cache consumer
 #                                       on 16 pinned cores
-#   bash bench/h200_pending.sh fa4      FlashAttention-4 against SDPA (GPU test, attention alone, SFT at
-#                                       8 CTAs with each, plain beside), after the three fa4-stage calls
+#   bash bench/h200_pending.sh fa4 [v]  FlashAttention-4 against SDPA (GPU test, attention alone, SFT
+#                                       variants v with FA4, profiled), after the three fa4-stage calls
 #                                       that bench/fa4_wheels.sh describes
-#   bash bench/h200_pending.sh sft2 [v] after fa4: more SFT variants (comma list v) in the same lease
+#   bash bench/h200_pending.sh sft2 [v] after fa4: SFT variants v side by side, then plain_zero2.py
 #   bash bench/h200_pending.sh cache    the cache consumer on 16 pinned cores, then the GPU-marked tests
 #   bash bench/h200_pending.sh ctas     one short lease: NCCL at 8 CTAs, that SFT variant beside plain,
 #                                       latents
@@ -28,31 +28,33 @@ if [ "${1:-}" = "fa4-stage" ]; then  # one of bench/fa4_wheels.sh's folders into
   exit 0
 fi
 
+# flash-attn-4's top-level package is `flash_attn`, the name DiffSynth probes for FlashAttention-2, so it
+# goes to a folder of its own that only the FA4 runs see (its dsl_packages too: --target skips .pth files)
+FA4_PATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
+
 if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA (test, attention alone, SFT)
   cd /tmp/fa4w && cat part-*.00 part-*.01 part-*.02 > "$(ls part-*.00 | sed 's/^part-//; s/\.00$//')" \
     && sha256sum -c libs.sha256 && rm part-* && cd - > /dev/null || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/fa4w/*.whl || exit 1
-  # nvidia-cutlass-dsl puts its `cutlass` package on the path with a .pth file, which --target folders skip
-  export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
-  timeout 200 python3 -m pytest -q -m fa4 tests -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
-  tail -n 15 "$OUT/pytest_fa4.log"
-  timeout 120 python3 bench/bench_attn_h200.py 2>&1 | tail -n 20 > "$OUT/attn.jsonl"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fa4site /tmp/fa4w/*.whl || exit 1
+  PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 200 python3 -m pytest -q -m fa4 tests/models/test_gpu_models.py \
+    -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
+  tail -n 4 "$OUT/pytest_fa4.log"
+  PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 120 python3 bench/bench_attn_h200.py 2>&1 | grep '^{' > "$OUT/attn.jsonl"
   cut -c1-400 "$OUT/attn.jsonl"
-  timeout 330 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
-    --clips-per-run 6 --variants nockpt_fused_compile_ctas8,nockpt_fused_compile_ctas8_fa4 --plain-steps 6 2>&1 \
-    | grep '^{' | cut -c1-2000 > "$OUT/sft_fa4.jsonl"
+  timeout 420 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
+    --clips-per-run 6 --variants "${2:-nockpt_fused_compile_ctas8+sdpa_fa4,nockpt_fused_compile_ctas8+fa4,nockpt_fused_compile_nooverlap+sdpa_fa4}" \
+    --fa4-path $FA4_PATH --plain-steps 0 --profile 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft_fa4.jsonl"
   tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
-  cut -c1-700 "$OUT/sft_fa4.jsonl"
+  cut -c1-900 "$OUT/sft_fa4.jsonl"
   exit 0
 fi
 
-if [ "${1:-}" = "sft2" ]; then  # same lease, after fa4: the other settings beside the best of fa4
-  export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
-  timeout 560 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs2 --nproc 2 --steps 16 --warm 4 \
-    --clips-per-run 6 --variants "${2:-nockpt_fused_compile,nockpt_fused_compile_fa4,nockpt_fused_compile_ctas8_fa4}" \
-    --plain-steps 0 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft2.jsonl"
+if [ "${1:-}" = "sft2" ]; then  # same lease, after fa4: more variants (comma list), then plain beside them
+  timeout 480 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs2 --nproc 2 --steps 16 --warm 4 \
+    --clips-per-run 6 --variants "${2:-nockpt_fused_compile_ctas8,nockpt_fused_compile_ctas8+fa4}" \
+    --fa4-path $FA4_PATH --plain-steps 6 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft2.jsonl"
   tar czf "$OUT/sft_logs2.tgz" -C /tmp/sftlogs2 .
-  cut -c1-700 "$OUT/sft2.jsonl"
+  cut -c1-900 "$OUT/sft2.jsonl"
   exit 0
 fi
 
@@ -60,7 +62,9 @@ if [ "${1:-}" = "cache" ]; then  # the cache consumer on 16 pinned cores, then t
   timeout 200 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
   timeout 260 python3 bench/bench_cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
     --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
-  timeout 240 python3 -m pytest -q -m "gpu and not fa4" tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+  # the GPU-marked tests live in tests/models (other test modules import dagster, not carried here)
+  timeout 240 python3 -m pytest -q -m "gpu and not fa4" tests/models/test_gpu_models.py -p no:cacheprovider \
+    > "$OUT/pytest_gpu.log" 2>&1
   tail -n 3 "$OUT/pytest_gpu.log"
   grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json
   exit 0
@@ -86,7 +90,7 @@ if [ "${1:-}" = "latents" ]; then
   timeout 150 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
   timeout 200 python3 bench/bench_cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
     --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
-  timeout 120 python3 -m pytest -q -m "gpu and not fa4" tests -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
+  timeout 120 python3 -m pytest -q -m "gpu and not fa4" tests/models/test_gpu_models.py -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
   tail -n 3 "$OUT/pytest_gpu.log"
   cut -c1-600 "$OUT/latents.jsonl"
   grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json

@@ -91,7 +91,7 @@ SFT_KEY = "sft"
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
 # what train_step sums over micro-batches and ranks: kept on the device (one sync per step) / on the host
 DEVICE_SUMS = ("loss", "mse", "sem_rms", "x_rms")
-HOST_SUMS = ("t", "text_dropped", "cond_dropped", "masked", "samples", "masked_frac")
+HOST_SUMS = ("t", "text_dropped", "cond_dropped", "masked", "samples", "masked_frac", "data_s")
 
 
 # ============================================================================== configuration
@@ -115,10 +115,11 @@ class SftModelConfig(Strict):
         default=None, description="recompute only the first N blocks (None: all)"
     )
     compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
-    attn_backend: Literal["sdpa", "fa4"] = Field(
+    attn_backend: Literal["sdpa", "fa4", "sdpa_fa4"] = Field(
         default="sdpa",
         description="self-attention kernel: PyTorch SDPA, or FlashAttention-4 (GPU sm90+, needs the "
-        "optional flash-attn-4 package; models.fa4)",
+        "optional flash-attn-4 package; models.fa4), called directly (a graph break in a compiled "
+        "block) or through SDPA's flash op (sdpa_fa4: torch's FA4 hook, no graph break)",
     )
 
     @model_validator(mode="after")
@@ -757,10 +758,12 @@ def build_model(cfg: Gc25dConfig, sft: SftConfig, device: torch.device, dtype: t
             raise ValueError(f"init export {m.export_path} is {meta.dit_config}, the config asks {dit_cfg}")
     model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
     model.check_sem_ids = False  # checked on the host: SampleTransform.prepare and load_val_clips
-    if m.attn_backend == "fa4":
-        from gc25d_core.models.fa4 import check_fa4
+    if m.attn_backend in ("fa4", "sdpa_fa4"):
+        from gc25d_core.models.fa4 import activate_fa4_sdpa, check_fa4
 
         check_fa4(device)
+        if m.attn_backend == "sdpa_fa4":
+            activate_fa4_sdpa()
     model.attn_backend = m.attn_backend
     if m.compile:
         model.enable_compile()
@@ -1073,7 +1076,9 @@ class SftTrainer:
             if self.epoch_budget <= 0 and keys_done:  # _next_micro is about to advance the epoch
                 self.ds.mark_consumed(keys_done)
                 keys_done = []
+            t_data = time.perf_counter()
             items = self._next_micro()
+            data_s = time.perf_counter() - t_data
             prepared = [p for _, p in items]
             keys_done += [k for k, _ in items]
             gen = generator(self.sft.seed, "train", self.rank, step, micro)
@@ -1106,6 +1111,7 @@ class SftTrainer:
                 sum(p.masked for p in prepared),
                 len(prepared),
                 sum(p.masked_frac for p in prepared),
+                data_s,
             ]
         self.ds.mark_consumed(keys_done)
         tot = dict(
@@ -1128,6 +1134,9 @@ class SftTrainer:
             "frac_masked": tot["masked"] / n_samples,
             # of the masked samples
             "masked_static_frac": tot["masked_frac"] / tot["masked"] if tot["masked"] else 0.0,
+            # host seconds a rank waited for its micro-batches (mean over ranks): the data pipeline
+            # keeps up while this stays near 0
+            "data_wait_s": tot["data_s"] / self.world,
             "grad_norm": float("nan") if grad_norm is None else grad_norm,
             "lr": lr,
             "cond_lr": cond_lr,
