@@ -2,9 +2,8 @@
 
 One clip of the SFT: q, k, v [1, 8190, 24, 128] bf16 (21 cells of 15x26 tokens, 24 heads of 128), no
 mask. Kernels: PyTorch SDPA with its default pick (cuDNN on an H200), SDPA restricted to its flash
-(FA2) or cuDNN kernel, FlashAttention-4 (``gc25d_core.models.fa4``, optional flash-attn-4 package)
-called directly, and SDPA's flash op after torch's FA4 hook is activated (``sdpa_fa4``; the hook is
-process-wide, so that kernel runs last), each called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
+(FA2) or cuDNN kernel, and FlashAttention-4 (``gc25d_core.models.fa4``, optional flash-attn-4
+package), each called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
 convention of bench/mfu.py), timed with CUDA events, median of --reps after --warmup.
 
 Usage: python bench/bench_attn_h200.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
@@ -48,18 +47,13 @@ def sdpa(heads: int, backend: object | None) -> Attn:
 def kernels(heads: int) -> dict[str, Attn]:
     from torch.nn.attention import SDPBackend
 
-    from gc25d_core.models.fa4 import activate_fa4_sdpa, fa4_attention, fa4_sdpa_attention
-
-    def sdpa_fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        activate_fa4_sdpa()
-        return fa4_sdpa_attention(q, k, v, heads)
+    from gc25d_core.models.fa4 import fa4_attention
 
     return {
         "sdpa": sdpa(heads, None),
         "sdpa_flash": sdpa(heads, SDPBackend.FLASH_ATTENTION),
         "sdpa_cudnn": sdpa(heads, SDPBackend.CUDNN_ATTENTION),
         "fa4": lambda q, k, v: fa4_attention(q, k, v, heads),
-        "sdpa_fa4": sdpa_fa4,
     }
 
 
@@ -91,7 +85,7 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--kernels", default="sdpa,sdpa_flash,sdpa_cudnn,fa4,sdpa_fa4")
+    p.add_argument("--kernels", default="sdpa,sdpa_flash,sdpa_cudnn,fa4")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")

@@ -94,7 +94,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # modifiers: a variant name "a+b" is VARIANTS[a] deep-merged with MODIFIERS[b] (e.g. "..._ctas8+fa4")
 MODIFIERS: dict[str, dict[str, Any]] = {
     "fa4": {"model": {"attn_backend": "fa4"}},
-    "sdpa_fa4": {"model": {"attn_backend": "sdpa_fa4"}},
 }
 
 
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in [v for v in args.variants.split(",") if v]:
         extra = variant(name)
         venv = {**env, **extra.pop(ENV, {})}
-        if args.fa4_path and extra.get("model", {}).get("attn_backend") in ("fa4", "sdpa_fa4"):
+        if args.fa4_path and extra.get("model", {}).get("attn_backend") == "fa4":
             venv["PYTHONPATH"] = os.pathsep.join(x for x in (args.fa4_path, env.get("PYTHONPATH")) if x)
         if args.profile:
             extra["profile"] = {"start": 2, "steps": 2}

@@ -134,20 +134,18 @@ class TextContext:
         view.emb = emb
         return view
 
+    @torch.compiler.disable  # python-side memo: keep it out of compiled block graphs
     def kv(self, cross_attn: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """The text K/V of one block. With grad on (training) a plain projection that a compiled block
-        traces into its graph; with grad off, memoised per module (a graph break: the memo is Python)."""
         if self.emb is None:
             raise RuntimeError("TextContext.kv before bind(): text must be embedded inside the forward")
-        if torch.is_grad_enabled():
-            return cross_attn.norm_k(cross_attn.k(self.emb)), cross_attn.v(self.emb)
-        return self._kv_memo(cross_attn)
-
-    @torch.compiler.disable  # python-side memo: keep it out of compiled block graphs
-    def _kv_memo(self, cross_attn: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if cross_attn not in self._shared:
-            self._shared[cross_attn] = (cross_attn.norm_k(cross_attn.k(self.emb)), cross_attn.v(self.emb))
-        return self._shared[cross_attn]
+        grad = torch.is_grad_enabled()
+        if not grad and cross_attn in self._shared:
+            return self._shared[cross_attn]
+        k = cross_attn.norm_k(cross_attn.k(self.emb))
+        v = cross_attn.v(self.emb)
+        if not grad:
+            self._shared[cross_attn] = (k, v)
+        return k, v
 
 
 def cross_attention(cross_attn: Any, x: torch.Tensor, text: TextContext) -> torch.Tensor:
@@ -219,9 +217,8 @@ class GcDiT(WanModel):
             block.__class__ = GcDiTBlock  # adds no parameters: keys and init stay DiffSynth's
         install_sem_cond(self, cfg.vocab, hidden=cfg.sem_hidden)
         self.use_fused_rmsnorm(cfg.fused_rmsnorm)
-        # "sdpa"; "flex" (GPU: compiled flex attention for causal masks); "fa4" / "sdpa_fa4" (GPU,
-        # optional flash-attn-4 package: FlashAttention-4 for the unmasked full-sequence attention,
-        # called directly / through SDPA after models.fa4.activate_fa4_sdpa)
+        # "sdpa"; "flex" (GPU: compiled flex attention for causal masks); "fa4" (GPU, optional
+        # flash-attn-4 package: FlashAttention-4 for the unmasked full-sequence attention)
         self.attn_backend = "sdpa"
         self.track_stats = False
         # raw sem ids outside the vocab raise in pooled_onehot (one device sync per forward); a
@@ -404,10 +401,6 @@ class GcDiT(WanModel):
                 from gc25d_core.models.fa4 import fa4_attention
 
                 dense = fa4_attention
-            elif self.attn_backend == "sdpa_fa4":
-                from gc25d_core.models.fa4 import fa4_sdpa_attention
-
-                dense = fa4_sdpa_attention
             return FullSequenceAttention(cos, sin, self.num_heads, dense=dense)
         gm = group_mask(f, causal, teacher_forcing, device=x.device)
         if self.attn_backend == "flex":

@@ -115,11 +115,10 @@ class SftModelConfig(Strict):
         default=None, description="recompute only the first N blocks (None: all)"
     )
     compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
-    attn_backend: Literal["sdpa", "fa4", "sdpa_fa4"] = Field(
+    attn_backend: Literal["sdpa", "fa4"] = Field(
         default="sdpa",
         description="self-attention kernel: PyTorch SDPA, or FlashAttention-4 (GPU sm90+, needs the "
-        "optional flash-attn-4 package; models.fa4), called directly (a graph break in a compiled "
-        "block) or through SDPA's flash op (sdpa_fa4: torch's FA4 hook, no graph break)",
+        "optional flash-attn-4 package; models.fa4)",
     )
 
     @model_validator(mode="after")
@@ -758,12 +757,10 @@ def build_model(cfg: Gc25dConfig, sft: SftConfig, device: torch.device, dtype: t
             raise ValueError(f"init export {m.export_path} is {meta.dit_config}, the config asks {dit_cfg}")
     model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
     model.check_sem_ids = False  # checked on the host: SampleTransform.prepare and load_val_clips
-    if m.attn_backend in ("fa4", "sdpa_fa4"):
-        from gc25d_core.models.fa4 import activate_fa4_sdpa, check_fa4
+    if m.attn_backend == "fa4":
+        from gc25d_core.models.fa4 import check_fa4
 
         check_fa4(device)
-        if m.attn_backend == "sdpa_fa4":
-            activate_fa4_sdpa()
     model.attn_backend = m.attn_backend
     if m.compile:
         model.enable_compile()
