@@ -305,3 +305,40 @@ def test_masking_uses_the_meta_the_cache_sample_carries(world, tmp_path):
     with pytest.raises(FileNotFoundError, match="meta_root"):
         no_layout.ground_xy(stripped)
     assert no_layout.prepare(s).masked
+
+
+def test_data_wait_is_the_time_spent_waiting_for_micro_batches(world, tmp_path, one_thread, monkeypatch):
+    """data_wait_s (per logged step) is the host time the trainer waited for its micro-batches: a
+    data path slowed by 0.2 s per sample shows at least that per micro-batch, a fast one far less."""
+    import time
+
+    sft = {
+        "engine": "ddp",
+        "max_steps": 2,
+        "state_every": 100,
+        "save_every": 100,
+        "export_final": False,
+        "state_final": False,
+        "data": {"num_workers": 0},  # the transform runs in the trainer's process
+        "val": {"every": 100, "num_clips": 1},
+    }
+    cfg = with_sft(world, "tiny", sft)
+    micro = sft_config(cfg).grad_accum * sft_config(cfg).micro_batch
+
+    def waits(run: str) -> list[float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["data_wait_s"] for x in lines]
+
+    run_sft(cfg, tmp_path / "fast", StdoutReporter(rank=0))
+    prepare = SampleTransform.prepare
+
+    def slow_prepare(self, sample):
+        time.sleep(0.2)
+        return prepare(self, sample)
+
+    monkeypatch.setattr(SampleTransform, "prepare", slow_prepare)
+    run_sft(cfg, tmp_path / "slow", StdoutReporter(rank=0))
+    fast, slow = waits("fast"), waits("slow")
+    assert len(fast) == len(slow) == 2
+    assert all(w >= 0.2 * micro for w in slow), (slow, micro)
+    assert all(0 <= w < 0.2 * micro for w in fast), fast
