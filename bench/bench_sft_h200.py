@@ -94,6 +94,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # modifiers: a variant name "a+b" is VARIANTS[a] deep-merged with MODIFIERS[b] (e.g. "..._ctas8+fa4")
 MODIFIERS: dict[str, dict[str, Any]] = {
     "fa4": {"model": {"attn_backend": "fa4"}},
+    # t_mod once per cell, broadcast in the blocks: no [B, L, 6, dim] tensor or per-token time MLP
+    "percell": {"model": {"overrides": {"per_cell_time": True}}},
 }
 
 

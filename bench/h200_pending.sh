@@ -42,7 +42,7 @@ if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA (t
   PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 120 python3 bench/bench_attn_h200.py 2>&1 | grep '^{' > "$OUT/attn.jsonl"
   cut -c1-400 "$OUT/attn.jsonl"
   timeout 420 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs --nproc 2 --steps 16 --warm 4 \
-    --clips-per-run 6 --variants "${2:-nockpt_fused_compile_ctas8+fa4,nockpt_fused_compile_nooverlap+fa4,nockpt_fused_compile_ctas4+fa4}" \
+    --clips-per-run 6 --variants "${2:-nockpt_fused_compile_nooverlap+fa4,nockpt_fused_compile_nooverlap+fa4+percell,nockpt_fused_compile_ctas8+fa4+percell}" \
     --fa4-path $FA4_PATH --plain-steps 0 --profile 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft_fa4.jsonl"
   tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
   cut -c1-900 "$OUT/sft_fa4.jsonl"
@@ -51,7 +51,7 @@ fi
 
 if [ "${1:-}" = "sft2" ]; then  # same lease, after fa4: more variants (comma list), then plain beside them
   timeout 480 python3 bench/bench_sft_h200.py --root /tmp/sftb --out /tmp/sftlogs2 --nproc 2 --steps 16 --warm 4 \
-    --clips-per-run 6 --variants "${2:-nockpt_fused_compile_ctas8,nockpt_fused_compile_ctas8+fa4}" \
+    --clips-per-run 6 --variants "${2:-nockpt_fused_compile_nooverlap,nockpt_fused_compile_nooverlap+percell,nockpt_fused_compile_nooverlap+fa4+percell}" \
     --fa4-path $FA4_PATH --plain-steps 6 2>&1 | grep '^{' | cut -c1-2000 > "$OUT/sft2.jsonl"
   tar czf "$OUT/sft_logs2.tgz" -C /tmp/sftlogs2 .
   cut -c1-900 "$OUT/sft2.jsonl"

@@ -173,18 +173,32 @@ def block_forward(
     attn: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     layer: int,
 ) -> torch.Tensor:
-    """``DiTBlock.forward`` (per-token t_mod [B, L, 6, dim]) with self-attention via ``attn``."""
+    """``DiTBlock.forward`` with self-attention via ``attn`` and the modulation of token groups:
+    ``t_mod`` [B, G, 6, dim] modulates G equal runs of tokens (G = L: per token, DiffSynth's layout;
+    G = cells: once per cell). Per cell, the [B, L, 6, dim] tensor and its gradient never exist: the
+    modulation broadcasts over a [B, G, L/G, dim] view, with the same values per element."""
+    b, length, dim = x.shape
+    groups = t_mod.shape[1]
+    if length % groups:
+        raise ValueError(f"{length} tokens do not split into {groups} modulation groups")
     mod = (block.modulation.to(dtype=t_mod.dtype, device=t_mod.device) + t_mod).chunk(6, dim=2)
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (m.squeeze(2) for m in mod)
-    h = modulate(block.norm1(x), shift_msa, scale_msa)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod  # [B, G, 1, dim] each
+
+    def grouped(y: torch.Tensor) -> torch.Tensor:
+        return y.view(b, groups, length // groups, dim)
+
+    def flat(y: torch.Tensor) -> torch.Tensor:
+        return y.view(b, length, dim)
+
+    h = flat(modulate(grouped(block.norm1(x)), shift_msa, scale_msa))
     sa = block.self_attn
     q = sa.norm_q(sa.q(h))
     k = sa.norm_k(sa.k(h))
     v = sa.v(h)
-    x = block.gate(x, gate_msa, sa.o(attn(layer, q, k, v)))
+    x = flat(block.gate(grouped(x), gate_msa, grouped(sa.o(attn(layer, q, k, v)))))
     x = x + cross_attention(block.cross_attn, block.norm3(x), text)
-    h = modulate(block.norm2(x), shift_mlp, scale_mlp)
-    return block.gate(x, gate_mlp, block.ffn(h))
+    h = flat(modulate(grouped(block.norm2(x)), shift_mlp, scale_mlp))
+    return flat(block.gate(grouped(x), gate_mlp, grouped(block.ffn(h))))
 
 
 class GcDiTBlock(DiTBlock):
@@ -319,14 +333,16 @@ class GcDiT(WanModel):
         return cells
 
     def embed_time(self, t_cells: torch.Tensor, tokens_per_group: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-group timesteps ``[B, G]`` -> per-token t ``[B, L, dim]`` and t_mod ``[B, L, 6, dim]``."""
+        """Per-group timesteps ``[B, G]`` -> per-token t ``[B, L, dim]`` (for the head) and t_mod for
+        ``block_forward``: ``[B, G, 6, dim]`` with ``per_cell_time`` (embedded once per group and
+        broadcast in the blocks), else ``[B, L, 6, dim]`` (per token, as DiffSynth computes it)."""
         b, g = t_cells.shape
         wdt = self.time_embedding[0].weight.dtype
         if self.per_cell_time:
             emb = sinusoidal_embedding_1d(self.freq_dim, t_cells.flatten()).to(wdt).view(b, g, -1)
             t = self.time_embedding(emb)
             t_mod = self.time_projection(t).unflatten(2, (6, self.dim))
-            return t.repeat_interleave(tokens_per_group, 1), t_mod.repeat_interleave(tokens_per_group, 1)
+            return t.repeat_interleave(tokens_per_group, 1), t_mod
         tokens = t_cells.repeat_interleave(tokens_per_group, 1)
         emb = (
             sinusoidal_embedding_1d(self.freq_dim, tokens.flatten()).to(wdt).view(b, g * tokens_per_group, -1)

@@ -21,7 +21,7 @@ from gc25d_core.models.configs import DEPLOY_CAUSAL, FULL_CAUSAL, CausalConfig
 from gc25d_core.models.gcdit import TextContext
 from gc25d_core.models.sem_cond import cell_frame_slice
 
-from .tiny import LATENT_HW, kv_cell_output, make_inputs, random_ids
+from .tiny import LATENT_HW, kv_cell_output, make_inputs, make_model, random_ids
 
 AXIS = (1000.0, 750.0, 500.0, 250.0)
 SMALL_WINDOW = CausalConfig(sink=1, window=3, rope_cap=None)
@@ -153,8 +153,11 @@ def test_flex_backend_matches_sdpa(tiny_model):
 # ------------------------------------------------------------------------------------ TF == cache
 
 
+@pytest.mark.parametrize("per_cell_time", [False, True], ids=["per_token", "per_cell"])
 @pytest.mark.parametrize("spec", [FULL_CAUSAL, SMALL_WINDOW], ids=["full", "window"])
-def test_teacher_forcing_equals_kv_cache(tiny_model, spec):
+def test_teacher_forcing_equals_kv_cache(tiny_model, spec, per_cell_time):
+    if per_cell_time:  # t_mod per cell: [B, 2N, 6, dim] in teacher forcing, [B, 1, 6, dim] per KV cell
+        tiny_model = make_model(seed=0, per_cell_time=True)
     n = 6
     clean, context, ids = make_inputs(n, seed=15)
     noisy = torch.randn_like(clean)

@@ -107,6 +107,50 @@ def test_per_cell_time_embedding_matches_per_token():
         )
 
 
+def test_per_cell_modulation_trains_like_per_token():
+    """per_cell_time hands the blocks t_mod per cell ([B, G, 6, dim], broadcast over each cell's
+    tokens): the full forward's output and every parameter gradient, and the teacher-forcing
+    forward (42 groups), match the per-token layout."""
+    from gc25d_core.models.configs import FULL_CAUSAL
+
+    a = make_model(seed=9)
+    b = make_model(seed=9, per_cell_time=True)
+    latents, context, ids = make_inputs(4, seed=6)
+    t = torch.tensor([[0.0, 990.0, 500.0, 10.0]])
+    grads = []
+    for m in (a, b):
+        m.train()
+        out = m(latents, t, context, ids)
+        out.pow(2).mean().backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(n.endswith("modulation") for n in grads[0])
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-6, msg=n)
+    with torch.no_grad():
+        tf = [
+            m.forward_teacher_forcing(latents, latents, 500.0, context, ids, causal=FULL_CAUSAL)
+            for m in (a, b)
+        ]
+    torch.testing.assert_close(tf[1], tf[0], rtol=1e-5, atol=1e-5)
+    b.enable_compile(backend="eager")  # dynamo traces the grouped views in the block body
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(
+                b(latents, t, context, ids), a(latents, t, context, ids), rtol=1e-5, atol=1e-5
+            )
+    finally:
+        torch._dynamo.reset()
+
+
+def test_block_modulation_groups_must_divide_the_tokens():
+    from gc25d_core.models.gcdit import block_forward
+
+    model = make_model(seed=9)
+    x = torch.zeros(1, 10, model.dim)
+    with pytest.raises(ValueError, match="10 tokens do not split into 3 modulation groups"):
+        block_forward(model.blocks[0], x, None, torch.zeros(1, 3, 6, model.dim), None, 0)  # type: ignore[arg-type]
+
+
 def test_fused_rmsnorm_matches_default():
     a = make_model(seed=9)
     b = make_model(seed=9, fused_rmsnorm=True)
