@@ -28,6 +28,17 @@ from gc25d_core.vocab import UNKNOWN
 from tests.train.world import sft_world
 
 CURVE_KEYS = ("loss", "mse", "t_mean", "grad_norm", "lr", "cond_lr", "sem_rms", "x_rms", "epoch")
+# two steps as bench/bench_sft_h200.py runs them: no final state or export, no DataLoader worker
+BENCH_SFT = {
+    "engine": "ddp",
+    "max_steps": 2,
+    "state_every": 100,
+    "save_every": 100,
+    "export_final": False,
+    "state_final": False,
+    "data": {"num_workers": 0},
+    "val": {"every": 100, "num_clips": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -257,17 +268,7 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
 def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread):
     """state_final / export_final off (what bench/bench_sft_h200.py asks): the last step writes
     neither the rotating state nor an export; the run still finishes and says so."""
-    sft = {
-        "engine": "ddp",
-        "max_steps": 2,
-        "state_every": 100,
-        "save_every": 100,
-        "export_final": False,
-        "state_final": False,
-        "data": {"num_workers": 0},
-        "val": {"every": 100, "num_clips": 1},
-    }
-    out = run_sft(with_sft(world, "tiny", sft), tmp_path / "run", StdoutReporter(rank=0))
+    out = run_sft(with_sft(world, "tiny", BENCH_SFT), tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []
     assert not list((tmp_path / "run" / "state").glob("step-*"))
     assert (tmp_path / "run" / "done.json").is_file()
@@ -312,17 +313,7 @@ def test_data_wait_is_the_time_spent_waiting_for_micro_batches(world, tmp_path, 
     data path slowed by 0.2 s per sample shows at least that per micro-batch, a fast one far less."""
     import time
 
-    sft = {
-        "engine": "ddp",
-        "max_steps": 2,
-        "state_every": 100,
-        "save_every": 100,
-        "export_final": False,
-        "state_final": False,
-        "data": {"num_workers": 0},  # the transform runs in the trainer's process
-        "val": {"every": 100, "num_clips": 1},
-    }
-    cfg = with_sft(world, "tiny", sft)
+    cfg = with_sft(world, "tiny", BENCH_SFT)  # num_workers 0: the transform runs in this process
     micro = sft_config(cfg).grad_accum * sft_config(cfg).micro_batch
 
     def waits(run: str) -> list[float]:
