@@ -268,17 +268,42 @@ def verify_receipt(
 
     Raises ManifestError (bad receipt) or ShardError (naming shard, sample, offset)."""
     r = read_receipt(store, receipt_path, revision)
-    raw = store.open_range(r.shard_path, revision, r.size)
-    verify_stream(
-        raw,
-        shard=r.shard_path,
-        size=r.size,
-        sha256=r.sha256,
-        expected=r.samples,
-        on_member=_deep_checker(r.schema_name, {**r.dims, **(dims or {})}, r.shard_path) if deep else None,
-        keep=(lambda i: True) if deep else (lambda i: False),
+    _verify_shard(
+        store,
+        r.shard_path,
+        revision,
+        r.size,
+        r.sha256,
+        r.samples,
+        r.schema_name,
+        {**r.dims, **(dims or {})},
+        deep,
     )
     return r
+
+
+def _verify_shard(
+    store: Store,
+    path: str,
+    revision: str,
+    size: int,
+    sha256: str,
+    samples: Sequence[Any],
+    schema_name: str,
+    dims: Mapping[str, int],
+    deep: bool,
+) -> None:
+    """Stream one shard at ``revision`` and check its bytes and members; ``deep`` also deserialises
+    every (verified) sample and checks it against the schema."""
+    verify_stream(
+        store.open_range(path, revision, size),
+        shard=path,
+        size=size,
+        sha256=sha256,
+        expected=samples,
+        on_member=_deep_checker(schema_name, dims, path) if deep else None,
+        keep=(lambda i: True) if deep else (lambda i: False),
+    )
 
 
 def shard_entry(receipt: Receipt, revision: str, rule: SplitRule) -> ShardEntry:
@@ -325,14 +350,8 @@ def verify_snapshot(
     bar = reporter.progress(total=len(todo), unit="shards") if reporter is not None else None
     for sh in todo:
         try:
-            verify_stream(
-                store.open_range(sh.path, sh.revision, sh.size),
-                shard=sh.path,
-                size=sh.size,
-                sha256=sh.sha256,
-                expected=sh.samples,
-                on_member=_deep_checker(m.schema_name, m.dims, sh.path) if deep else None,
-                keep=(lambda i: True) if deep else (lambda i: False),
+            _verify_shard(
+                store, sh.path, sh.revision, sh.size, sh.sha256, sh.samples, m.schema_name, m.dims, deep
             )
             rep.shards += 1
             rep.samples += len(sh.samples)

@@ -268,17 +268,22 @@ class GcDiT(WanModel):
 
     # -------------------------------------------------------------------------------- pieces
 
+    def host_freqs(self) -> tuple[torch.Tensor, ...]:
+        """WanModel's RoPE table: a plain attribute, so a meta-device build leaves it on meta; then it
+        is rebuilt on the CPU (and kept)."""
+        freqs = cast(tuple[torch.Tensor, ...], getattr(self, "freqs"))  # noqa: B009 (untyped in WanModel)
+        if any(f.device.type == "meta" for f in freqs):
+            with torch.device("cpu"):
+                freqs = precompute_freqs_cis_3d(self.dim // self.num_heads)
+            self.freqs = freqs
+        return freqs
+
     def rope_table(self, device: torch.device, activ_dtype: torch.dtype) -> RopeTable:
         half = activ_dtype in (torch.bfloat16, torch.float16) or torch.is_autocast_enabled(device.type)
         cdt = torch.float32 if half else torch.float64
         key = (str(device), cdt)
         if key not in self._rope_tables:
-            freqs = cast(tuple[torch.Tensor, ...], getattr(self, "freqs"))  # noqa: B009 (untyped in WanModel)
-            if any(f.device.type == "meta" for f in freqs):
-                with torch.device("cpu"):
-                    freqs = precompute_freqs_cis_3d(self.dim // self.num_heads)
-                self.freqs = freqs
-            self._rope_tables[key] = RopeTable(freqs, device, cdt)
+            self._rope_tables[key] = RopeTable(self.host_freqs(), device, cdt)
         return self._rope_tables[key]
 
     def encode_sem(

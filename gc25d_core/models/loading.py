@@ -120,25 +120,13 @@ def load_wan_into(model: torch.nn.Module, sd: Mapping[str, torch.Tensor]) -> Non
     model.load_state_dict(dict(sd), strict=False)
 
 
-def _fix_meta_freqs(model: Any) -> None:
-    """WanModel keeps its RoPE table as a plain attribute; a meta build leaves it on meta."""
-    from gc25d_core.compat import import_diffsynth
-
-    import_diffsynth()
-    from diffsynth.models.wan_video_dit import precompute_freqs_cis_3d
-
-    if any(f.device.type == "meta" for f in model.freqs):
-        with torch.device("cpu"):
-            model.freqs = precompute_freqs_cis_3d(model.dim // model.num_heads)
-
-
 def _materialize(cfg: DiTConfig, sd: dict[str, torch.Tensor], device: Any, dtype: torch.dtype | None):
     from gc25d_core.models.gcdit import GcDiT
 
     with torch.device("meta"):
         model = GcDiT(cfg)
     model.load_state_dict(sd, strict=True, assign=True)
-    _fix_meta_freqs(model)
+    model.host_freqs()  # the RoPE table is no parameter: off meta before the move
     return model.to(device=device, dtype=dtype) if dtype is not None else model.to(device=device)
 
 
