@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU measurements still owed (issues 4, 5, 7), in one lease of the 2x H200 host, so the machine
-# starts once: two calls back to back (each under the 10-minute limit), from the repository root
-# through the device tool with carry [".whl"] (or a `git archive HEAD` copy with .whl inside it):
+# The GPU measurements (issues 4, 5, 7), several calls back to back in one lease of the 2x H200 host
+# (each under the 10-minute limit; the machine keeps /tmp only while warm), from the repository root
+# through the device tool with carry [".whl"] (or a `git archive HEAD` copy with .whl inside it).
+# Still owed (issue 7): fa4-stage x3, fa4, then sft2 (per-cell modulation beside no overlap + FA4).
 #   bash bench/h200_pending.sh sft      NCCL bandwidth, the SFT with NCCL's default, 8 CTAs, no overlap
 #                                       and 4 CTAs side by side beside plain_zero2.py
 #                                       (both GPUs), and the full-size code world generated on the CPU
