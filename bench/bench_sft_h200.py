@@ -193,6 +193,12 @@ def summarize(
     if waits:  # host seconds per step spent waiting for the DataLoader (the SFT's metrics)
         out["data_wait_s_median"] = statistics.median(waits)
         out["data_wait_s_max"] = max(waits)
+        # steps whose micro-batches were ready (< 5 ms of waiting): this small cache restarts its
+        # loader every few steps, v10's every 800
+        ready = [r[key] for r in records[warm:] if r.get("data_wait_s", 1.0) < 0.005]
+        if ready:
+            out["step_s_median_loader_ready"] = statistics.median(ready)
+            out["mfu_median_loader_ready"] = mfu(flops_per_gpu_step, out["step_s_median_loader_ready"])
     return out
 
 
