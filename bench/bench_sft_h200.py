@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         if ops.is_file():
             (out / f"ops_{name}.txt").write_text(ops.read_text())
             print("\n".join(ops.read_text().splitlines()[:28]), flush=True)
+        busy = run_dir / "profile" / "gpu_busy.json"
+        if busy.is_file():
+            emit(probe="gpu_busy", variant=name, **json.loads(busy.read_text()))
         summary[f"ours_{name}"] = res
     if args.plain_steps > 0:
         log = out / "plain_zero2.log"

@@ -367,7 +367,8 @@ class JsonlLog:
 
 class StepProfiler:
     """torch.profiler over optimizer steps [start, start + steps) on rank 0: writes the kernel table
-    (``ops.txt``, by device time) and a Chrome trace to ``folder``. Inactive when start is 0."""
+    (``ops.txt``, by device time), a Chrome trace and the GPU's busy time and idle gaps over the
+    window (``gpu_busy.json``, train.gpu_trace) to ``folder``. Inactive when start is 0."""
 
     def __init__(self, cfg: SftProfileConfig, folder: Path, enabled: bool):
         self.first, self.last = cfg.start, cfg.start + cfg.steps - 1
@@ -392,8 +393,13 @@ class StepProfiler:
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         table = self.prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
         atomic_write_text(self.folder / "ops.txt", table)
-        self.prof.export_chrome_trace(str(self.folder / "trace.json"))
+        trace = self.folder / "trace.json"
+        self.prof.export_chrome_trace(str(trace))
         self.prof = None
+        from gc25d_core.train.gpu_trace import busy_summary, device_intervals
+
+        busy = busy_summary(device_intervals(json.loads(trace.read_text())))
+        atomic_write_text(self.folder / "gpu_busy.json", json.dumps(busy, indent=1))
 
 
 # ============================================================================== text

@@ -259,6 +259,8 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
         assert (tmp_path / "p" / "ops.txt").is_file() == (step >= 3)
     assert "aten::mm" in (tmp_path / "p" / "ops.txt").read_text()
     assert (tmp_path / "p" / "trace.json").is_file()
+    busy = json.loads((tmp_path / "p" / "gpu_busy.json").read_text())  # no device events on the CPU
+    assert busy["window_s"] == 0 and busy["gaps"] == 0
     other_rank = StepProfiler(SftProfileConfig(start=1, steps=1), tmp_path / "r1", enabled=False)
     other_rank.before(1)
     other_rank.after(1)
