@@ -37,6 +37,7 @@ from mfu import dit_flops, mfu  # noqa: E402
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
 ENV = "_env"  # a variant's environment additions (not an sft override)
+PROFILED_STEPS = 2
 # variant name -> extra.sft overrides
 VARIANTS: dict[str, dict[str, Any]] = {
     "ckpt_all": {"model": {"gradient_checkpointing": True}},
@@ -221,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         "plain stack must not see it",
     )
     ap.add_argument(
-        "--profile", action="store_true", help="torch.profiler over steps 2-3 (left out by --warm 4)"
+        "--profile",
+        action="store_true",
+        help=f"torch.profiler over {PROFILED_STEPS} extra steps after --steps (left out of the statistics)",
     )
     args = ap.parse_args(argv)
 
@@ -246,8 +249,9 @@ def main(argv: list[str] | None = None) -> None:
         venv = {**env, **extra.pop(ENV, {})}
         if args.fa4_path and extra.get("model", {}).get("attn_backend") == "fa4":
             venv["PYTHONPATH"] = os.pathsep.join(x for x in (args.fa4_path, env.get("PYTHONPATH")) if x)
-        if args.profile:
-            extra["profile"] = {"start": 2, "steps": 2}
+        if args.profile:  # steady-state steps, run after the measured ones
+            extra["max_steps"] = args.steps + PROFILED_STEPS
+            extra["profile"] = {"start": args.steps + 1, "steps": PROFILED_STEPS}
         vcfg = with_sft(cfg, cfg.extra["sft"], extra)
         config = write_resolved(vcfg, args.root, f"sft_{name}.yaml")
         run_dir = args.root / "runs" / name
@@ -260,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         metrics = run_dir / "metrics.jsonl"
         records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+        records = [r for r in records if r["step"] <= args.steps]  # not the profiled steps
         res = {
             "rc": rc,
             "wall_s": wall,
