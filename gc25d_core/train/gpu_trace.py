@@ -1,6 +1,7 @@
 """How busy the GPU was over a torch.profiler window, from its Chrome trace: the union of kernel and
 device-copy intervals (all streams) against the window, and the idle gaps between them. Answers
-"does the GPU wait for the host?" (gaps) apart from "which kernels are slow?" (ops.txt).
+"does the GPU wait for the host?" (gaps) apart from "which kernels are slow?" (ops.txt). A
+collective kernel counts as busy while it waits for its peer: a stall there is not a gap.
 
 Hand-written because the profiler reports per-op device time only, with no union over streams."""
 
