@@ -38,62 +38,47 @@ TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
 ENV = "_env"  # a variant's environment additions (not an sft override)
 PROFILED_STEPS = 2
-# variant name -> extra.sft overrides
+COMPILED = {"gradient_checkpointing": False, "compile": True, "overrides": FUSED}  # the v10 preset's model
+CTAS_BUCKETS = {"reduce_bucket_size": 200_000_000}
+# variant name -> extra.sft overrides (+ ENV)
 VARIANTS: dict[str, dict[str, Any]] = {
     "ckpt_all": {"model": {"gradient_checkpointing": True}},
     "ckpt_all_fused": {"model": {"gradient_checkpointing": True, "overrides": FUSED}},
     "nockpt_fused": {"model": {"gradient_checkpointing": False, "overrides": FUSED}},
     "ckpt4_fused": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "overrides": FUSED}},
     "ckpt8_fused": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": 8, "overrides": FUSED}},
-    "nockpt_fused_compile": {"model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED}},
+    "nockpt_fused_compile": {"model": COMPILED},
     # gradient slices reduced to their owner instead of whole buckets all-reduced
-    "nockpt_fused_compile_reduce": {
-        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
-        "zero": {"use_multi_rank_bucket_allreduce": False},
-    },
+    "nockpt_fused_compile_reduce": {"model": COMPILED, "zero": {"use_multi_rank_bucket_allreduce": False}},
     # NCCL's Simple protocol for every collective (it picked LL for 1 GB buckets, profile of 2026-11-30)
-    "nockpt_fused_compile_simple": {
-        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
-        ENV: {"NCCL_PROTO": "Simple"},
-    },
+    "nockpt_fused_compile_simple": {"model": COMPILED, ENV: {"NCCL_PROTO": "Simple"}},
     "nockpt_fused_compile_reduce_simple": {
-        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
+        "model": COMPILED,
         "zero": {"use_multi_rank_bucket_allreduce": False},
         ENV: {"NCCL_PROTO": "Simple"},
     },
     # NCCL limited to 8 CTAs (SMs) per collective, so the overlapped gradient reduction takes fewer SMs
     # from the backward's GEMMs; smaller buckets shorten the reduction left after the last layer
     "nockpt_fused_compile_ctas8": {
-        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
-        "zero": {"reduce_bucket_size": 200_000_000},
+        "model": COMPILED,
+        "zero": CTAS_BUCKETS,
         ENV: {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"},
     },
     "nockpt_fused_compile_ctas4": {
-        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
-        "zero": {"reduce_bucket_size": 200_000_000},
+        "model": COMPILED,
+        "zero": CTAS_BUCKETS,
         ENV: {"NCCL_MAX_CTAS": "4", "NCCL_MAX_NCHANNELS": "4"},
     },
     # the gradient reduction on the compute stream: no SMs shared with the backward's GEMMs, but the
     # ~3 ms per GB of link time is no longer hidden
-    "nockpt_fused_compile_nooverlap": {
-        "model": {"gradient_checkpointing": False, "compile": True, "overrides": FUSED},
-        "zero": {"overlap_comm": False},
-    },
-    # FlashAttention-4 for the self-attention (optional flash-attn-4 package: h200_pending.sh fa4)
-    "nockpt_fused_compile_fa4": {
-        "model": {
-            "gradient_checkpointing": False,
-            "compile": True,
-            "overrides": FUSED,
-            "attn_backend": "fa4",
-        },
-    },
+    "nockpt_fused_compile_nooverlap": {"model": COMPILED, "zero": {"overlap_comm": False}},
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },
 }
 # modifiers: a variant name "a+b" is VARIANTS[a] deep-merged with MODIFIERS[b] (e.g. "..._ctas8+fa4")
 MODIFIERS: dict[str, dict[str, Any]] = {
+    # FlashAttention-4 for the self-attention (optional flash-attn-4 package: h200_pending.sh fa4)
     "fa4": {"model": {"attn_backend": "fa4"}},
     # t_mod once per cell, broadcast in the blocks: no [B, L, 6, dim] tensor or per-token time MLP
     "percell": {"model": {"overrides": {"per_cell_time": True}}},
@@ -107,7 +92,7 @@ def variant(name: str) -> dict[str, Any]:
     base, *mods = name.split("+")
     if base not in VARIANTS or any(m not in MODIFIERS for m in mods):
         raise SystemExit(f"unknown variant {name!r}: {sorted(VARIANTS)} with +{sorted(MODIFIERS)}")
-    out = dict(VARIANTS[base])
+    out = deep_merge({}, VARIANTS[base])  # a copy: variants share their model / zero sections
     for m in mods:
         out = deep_merge(out, MODIFIERS[m])
     return out
