@@ -59,15 +59,20 @@ if [ "${1:-}" = "sft2" ]; then  # same lease, after fa4: more variants (comma li
   exit 0
 fi
 
-if [ "${1:-}" = "cache" ]; then  # the cache consumer on 16 pinned cores, then the GPU-marked tests
+# the cache consumer on 16 pinned cores (4 MB and 25 MB samples), then the GPU-marked tests; they live in
+# tests/models (other test modules import dagster, which is not carried here)
+cache_and_gpu_tests() {
   timeout 200 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
   timeout 260 python3 bench/bench_cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
     --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
-  # the GPU-marked tests live in tests/models (other test modules import dagster, not carried here)
   timeout 240 python3 -m pytest -q -m "gpu and not fa4" tests/models/test_gpu_models.py -p no:cacheprovider \
     > "$OUT/pytest_gpu.log" 2>&1
   tail -n 3 "$OUT/pytest_gpu.log"
   grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json
+}
+
+if [ "${1:-}" = "cache" ]; then
+  cache_and_gpu_tests
   exit 0
 fi
 
@@ -88,13 +93,8 @@ if [ "${1:-}" = "latents" ]; then
   [ -d /tmp/full ] || python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > "$OUT/gen.log" 2>&1
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/bench_latents_h200.py --raw /tmp/full --repeat 8 --batches 2 \
     --workers 8 --plain-clips 4 --warmup 1 2>&1 | grep '^{' > "$OUT/latents.jsonl"
-  timeout 150 python3 bench/bench_cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
-  timeout 200 python3 bench/bench_cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
-    --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
-  timeout 120 python3 -m pytest -q -m "gpu and not fa4" tests/models/test_gpu_models.py -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1
-  tail -n 3 "$OUT/pytest_gpu.log"
+  cache_and_gpu_tests
   cut -c1-600 "$OUT/latents.jsonl"
-  grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json
   exit 0
 fi
 
