@@ -12,8 +12,9 @@ hook unpacks two values from ``_flash_attn_fwd`` and flash-attn-4 4.0.0b36 retur
 the H200 on 2026-11-30, docs/decisions.md.)
 
 The package's top-level module is ``flash_attn``, the name DiffSynth probes for FlashAttention-2;
-with flash-attn-4 installed, DiffSynth's own Wan attention takes its FA2 branch and fails. GcDiT
-never calls it, but keep the package out of environments that run plain DiffSynth models
+with flash-attn-4 installed, DiffSynth's own Wan attention would take its FA2 branch and fail.
+``gc25d_core.compat.import_diffsynth`` corrects that probe in our processes; scripts that import
+DiffSynth directly (the plain-stack comparator) still need the package kept off their path
 (bench/h200_pending.sh gives it a folder of its own).
 """
 

@@ -249,3 +249,31 @@ def test_fa4_backend_needs_a_cuda_device():
 
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         check_fa4("cpu")
+
+
+def test_flash_attn_4_does_not_pass_for_flash_attn_2_in_diffsynth(monkeypatch):
+    """flash-attn-4's package is named ``flash_attn`` too, without ``flash_attn_func``: after
+    ``import_diffsynth`` DiffSynth's Wan attention must not take its FA2 branch (it raised
+    AttributeError on the H200), while a real FA2 keeps it."""
+    import types
+
+    from diffsynth.models import wan_video_dit
+
+    from gc25d_core.compat import import_diffsynth, repair_fa2_probe
+
+    monkeypatch.setattr(wan_video_dit, "FLASH_ATTN_2_AVAILABLE", True)
+    monkeypatch.setattr(wan_video_dit, "FLASH_ATTN_3_AVAILABLE", False)
+    monkeypatch.setattr(wan_video_dit, "flash_attn", types.ModuleType("flash_attn"), raising=False)
+    q, k, v = torch.randn(3, 1, 5, 2 * 4).unbind(0)
+    with pytest.raises(AttributeError, match="flash_attn_func"):
+        wan_video_dit.flash_attention(q, k, v, num_heads=2)
+    import_diffsynth()
+    assert wan_video_dit.FLASH_ATTN_2_AVAILABLE is False
+    want = wan_video_dit.flash_attention(q, k, v, num_heads=2, compatibility_mode=True)
+    torch.testing.assert_close(wan_video_dit.flash_attention(q, k, v, num_heads=2), want)
+
+    fa2 = types.ModuleType("flash_attn")
+    fa2.flash_attn_func = lambda *a: None  # type: ignore[attr-defined]
+    real = types.SimpleNamespace(FLASH_ATTN_2_AVAILABLE=True, flash_attn=fa2)
+    repair_fa2_probe(real)  # type: ignore[arg-type]
+    assert real.FLASH_ATTN_2_AVAILABLE is True
