@@ -46,4 +46,4 @@ def repair_fa2_probe(wan_dit: types.ModuleType) -> None:
     if getattr(wan_dit, "FLASH_ATTN_2_AVAILABLE", False) and not hasattr(
         getattr(wan_dit, "flash_attn", None), "flash_attn_func"
     ):
-        wan_dit.FLASH_ATTN_2_AVAILABLE = False
+        setattr(wan_dit, "FLASH_ATTN_2_AVAILABLE", False)  # noqa: B010 (a module attribute mypy cannot see)
