@@ -2,7 +2,7 @@
 # The GPU measurements (issues 4, 5, 7), several calls back to back in one lease of the 2x H200 host
 # (each under the 10-minute limit; the machine keeps /tmp only while warm), from the repository root
 # through the device tool with carry [".whl"] (or a `git archive HEAD` copy with .whl inside it).
-# Still owed (issue 7): fa4-stage x3, fa4, then sft2 (per-cell modulation beside no overlap + FA4).
+# FA4 runs need the three fa4-stage calls first (bench/fa4_wheels.sh), then fa4, or fa4-install before sft2.
 #   bash bench/h200_pending.sh sft      NCCL bandwidth, the SFT with NCCL's default, 8 CTAs, no overlap
 #                                       and 4 CTAs side by side beside plain_zero2.py
 #                                       (both GPUs), and the full-size code world generated on the CPU
@@ -12,7 +12,9 @@
 #   bash bench/h200_pending.sh fa4 [v]  FlashAttention-4 against SDPA (GPU test, attention alone, SFT
 #                                       variants v with FA4, profiled), after the three fa4-stage calls
 #                                       that bench/fa4_wheels.sh describes
-#   bash bench/h200_pending.sh sft2 [v] after fa4: SFT variants v side by side, then plain_zero2.py
+#   bash bench/h200_pending.sh sft2 [v] after fa4 (or fa4-install): SFT variants v side by side, then
+#                                       plain_zero2.py (v10 = configs/sft/v10.yaml as it stands)
+#   bash bench/h200_pending.sh fa4-install  after the three fa4-stage calls: FA4 installed, nothing run
 #   bash bench/h200_pending.sh cache    the cache consumer on 16 pinned cores, then the GPU-marked tests
 #   bash bench/h200_pending.sh ctas     one short lease: NCCL at 8 CTAs, that SFT variant beside plain,
 #                                       latents
@@ -33,10 +35,19 @@ fi
 # goes to a folder of its own that only the FA4 runs see (its dsl_packages too: --target skips .pth files)
 FA4_PATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
 
-if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA (test, attention alone, SFT)
+install_fa4() {  # after the three fa4-stage calls: join the split wheel, check it, install to /tmp/fa4site
   cd /tmp/fa4w && cat part-*.00 part-*.01 part-*.02 > "$(ls part-*.00 | sed 's/^part-//; s/\.00$//')" \
     && sha256sum -c libs.sha256 && rm part-* && cd - > /dev/null || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fa4site /tmp/fa4w/*.whl || exit 1
+}
+
+if [ "${1:-}" = "fa4-install" ]; then  # FA4 only (for sft2 with +fa4 variants in a fresh lease)
+  install_fa4
+  exit 0
+fi
+
+if [ "${1:-}" = "fa4" ]; then  # after the three fa4-stage calls: FA4 vs SDPA (test, attention alone, SFT)
+  install_fa4
   PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 200 python3 -m pytest -q -m fa4 tests/models/test_gpu_models.py \
     -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
   tail -n 4 "$OUT/pytest_fa4.log"

@@ -17,12 +17,29 @@ def test_variant_modifiers_merge_on_top_of_the_base():
     v = bench.variant("nockpt_fused_compile_ctas8+fa4+percell")
     assert v["model"]["attn_backend"] == "fa4"
     assert v["model"]["overrides"] == {"fused_rmsnorm": True, "per_cell_time": True}
-    assert v["zero"] == {"reduce_bucket_size": 200_000_000}
+    assert v["zero"] == {"overlap_comm": True, "reduce_bucket_size": 200_000_000}
     assert v[bench.ENV] == {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"}
     assert "attn_backend" not in bench.VARIANTS["nockpt_fused_compile_ctas8"]["model"]  # base untouched
     for bad in ("no_such_variant", "nockpt_fused+no_such_modifier"):
         with pytest.raises(SystemExit, match="unknown variant"):
             bench.variant(bad)
+
+
+def test_v10_variant_is_the_preset_and_named_variants_keep_their_measured_settings():
+    """``v10`` runs configs/sft/v10.yaml untouched; the other names mean what they were measured as
+    before the preset turned per-cell modulation on and the overlapped reduction off."""
+    import yaml
+
+    preset = yaml.safe_load((Path(bench.__file__).parents[1] / "configs/sft/v10.yaml").read_text())
+    assert preset["model"]["overrides"]["per_cell_time"] is True
+    assert preset["zero"]["overlap_comm"] is False
+    assert bench.variant("v10") == {}
+    assert bench.variant("v10+fa4") == {"model": {"attn_backend": "fa4"}}
+    plain = bench.variant("nockpt_fused_compile")
+    assert plain["model"]["overrides"]["per_cell_time"] is False
+    assert plain["zero"]["overlap_comm"] is True
+    assert bench.variant("nockpt_fused_compile_nooverlap+percell")["zero"]["overlap_comm"] is False
+    assert bench.variant("nockpt_fused_compile_nooverlap+percell")["model"]["overrides"]["per_cell_time"]
 
 
 def test_summary_leaves_out_warmup_epoch_restarts_and_loader_waits():
