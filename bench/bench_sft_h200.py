@@ -95,9 +95,10 @@ def variant(name: str) -> dict[str, Any]:
     base, *mods = name.split("+")
     if base not in VARIANTS or any(m not in MODIFIERS for m in mods):
         raise SystemExit(f"unknown variant {name!r}: {sorted(VARIANTS)} with +{sorted(MODIFIERS)}")
-    # a copy (variants share their model / zero sections); names other than v10 keep the settings they
-    # were measured with before the preset turned per-cell modulation on and the overlap off
-    out = deep_merge({} if base == "v10" else deep_merge({}, NAMED_BASE), VARIANTS[base])
+    # deep_merge copies, so variants may share their model / zero sections; names other than v10 keep
+    # the settings they were measured with before the preset turned per-cell modulation on and the
+    # overlap off
+    out = deep_merge({} if base == "v10" else NAMED_BASE, VARIANTS[base])
     for m in mods:
         out = deep_merge(out, MODIFIERS[m])
     return out

@@ -420,9 +420,8 @@ class TextBank:
         uniq = sorted({k for ks in keys for k in ks})
         pos = {k: i for i, k in enumerate(uniq)}
         bank = torch.stack([self.table[self.ids[k]] for k in uniq])  # views + one copy: no H2D sync
-        index = torch.tensor(
-            [[pos[k] for k in ks] for ks in keys]
-        )  # host: the model checks it without a sync
+        # on the host: the model checks it without a sync
+        index = torch.tensor([[pos[k] for k in ks] for ks in keys])
         return bank.unsqueeze(0).expand(len(keys), -1, -1, -1), index
 
 
