@@ -8,6 +8,7 @@
 #   there: call 1, carry [".fa4/1"]:                 bash bench/h200_pending.sh fa4-stage .fa4/1
 #          call 2, carry [".fa4/2"]:                 bash bench/h200_pending.sh fa4-stage .fa4/2
 #          call 3, carry [".whl", ".fa4/3"]:         bash bench/h200_pending.sh fa4-stage .fa4/3 && bash bench/h200_pending.sh fa4
+#          (or `... fa4-install` in call 3, then `bash bench/h200_pending.sh sft2 v10,v10+fa4` with carry [".whl"])
 # (all three calls back to back: the machine keeps /tmp only while it stays warm)
 set -eu
 grep -qx '/.fa4/' .git/info/exclude || echo '/.fa4/' >> .git/info/exclude

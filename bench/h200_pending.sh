@@ -22,16 +22,18 @@
 set -u
 OUT=${OUT:-/tmp/h200_pending}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-  DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-
-if [ "${1:-}" = "fa4-stage" ]; then  # one of bench/fa4_wheels.sh's folders into /tmp/fa4w (kept while warm)
+if [ "${1:-}" = "fa4-stage" ]; then  # one of bench/fa4_wheels.sh's folders into /tmp/fa4w (kept while warm;
+  # before the .whl install: these calls need no wheels)
   mkdir -p /tmp/fa4w && cp "$2"/* /tmp/fa4w/ && ls -la /tmp/fa4w
   exit 0
 fi
 
-# flash-attn-4's top-level package is `flash_attn`, the name DiffSynth probes for FlashAttention-2, so it
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+  DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+
+# flash-attn-4's top-level package is `flash_attn`, the name DiffSynth probes for FlashAttention-2
+# (gc25d_core/compat.py corrects that in our code, plain_zero2.py imports DiffSynth directly), so it
 # goes to a folder of its own that only the FA4 runs see (its dsl_packages too: --target skips .pth files)
 FA4_PATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
 
