@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gc25d_core.atomic import atomic_write_text
+from gc25d_core.names import InvalidNameError, path_under
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -233,13 +234,15 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def preset_path(preset: str | os.PathLike[str]) -> Path:
-    """A preset name (``tiny``) resolves to configs/<name>.yaml; a path is taken as is."""
+    """A path ending in .yaml / .yml is taken as is (an explicit preset file); anything else must be
+    a bare name (gc25d_core.names) and resolves to configs/<name>.yaml inside configs/."""
     path = Path(preset)
     if path.suffix in (".yaml", ".yml"):
         return path
-    if not path.name or path.name != str(preset) or ".." in path.parts:
-        raise ConfigError(f"preset name {preset!r} must be a bare name or a .yaml path")
-    return CONFIGS_DIR / f"{preset}.yaml"
+    try:
+        return path_under(CONFIGS_DIR, str(preset), "preset", suffix=".yaml")
+    except InvalidNameError as e:
+        raise ConfigError(f"{e} (or give a path to a .yaml file)") from None
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

@@ -26,12 +26,15 @@ import torch
 
 from gc25d_core.atomic import atomic_path
 from gc25d_core.config import Gc25dConfig, GeometryConfig, TimelineConfig
+from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.vocab import invalid_values
 
 LATENT_CHANNELS = 48
 NUM_CAPSULES = 12
 CAPSULE_FLOATS = 7
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# scene and run share a clip file name with "__" separators, the start and a suffix: 100 each keeps
+# it under the 255-byte file-name limit
+MAX_CLIP_PART_LEN = 100
 
 
 class LayoutError(ValueError):
@@ -39,8 +42,11 @@ class LayoutError(ValueError):
 
 
 def _check_name(value: str, field: str) -> str:
-    if not _NAME.match(value) or "__" in value or ".." in value:
-        raise ValueError(f"{field}={value!r}: must match [A-Za-z0-9][A-Za-z0-9._-]* without '__' or '..'")
+    """A path-safe name (gc25d_core.names) that also starts alphanumeric and holds no '__', so
+    ``parse_clip_id`` splits a clip id back into the same scene and run."""
+    check_name(value, field, max_len=MAX_CLIP_PART_LEN)
+    if not value[0].isalnum() or "__" in value:
+        raise InvalidNameError(f"{field}={value!r}: must start with a letter or digit and hold no '__'")
     return value
 
 

@@ -54,6 +54,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from gc25d_core.cache.errors import ManifestError, SampleSchemaError
 from gc25d_core.config import Strict
+from gc25d_core.names import check_name
 
 MANIFEST_FORMAT = "gc25d_cache_manifest_v1"
 RECEIPT_FORMAT = "gc25d_cache_receipt_v1"
@@ -71,7 +72,6 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # sample ids may contain dots (members are split on the known suffix from the right), never "/"
 SAMPLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}$")
-WORKER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 VERSION_PATH_RE = re.compile(r"^manifests/v(\d{6,})\.json$")
 
@@ -348,8 +348,7 @@ class SampleEntry(ReceiptSample):
 
 def shard_paths(worker: str, name: str) -> tuple[str, str]:
     """(shard path, receipt path) for a worker's shard ``name`` (no suffix)."""
-    if not WORKER_RE.match(worker):
-        raise ValueError(f"invalid worker name {worker!r}")
+    check_name(worker, "worker", max_len=64)
     if not SHARD_NAME_RE.match(name) or name.endswith(".tar"):
         raise ValueError(f"invalid shard name {name!r} (no suffix, [A-Za-z0-9._-])")
     return f"{SHARDS_DIR}/{worker}/{name}.tar", f"{RECEIPTS_DIR}/{worker}/{name}.json"

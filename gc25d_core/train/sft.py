@@ -68,6 +68,7 @@ from gc25d_core.config import (
 from gc25d_core.distributed import all_reduce, barrier, dist_active, global_rank, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
+from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.report import Reporter
 from gc25d_core.vocab import UNKNOWN, Vocab, check_ids
 
@@ -245,8 +246,13 @@ def sft_config(cfg: Gc25dConfig) -> SftConfig:
 
 
 def sft_section(name: str) -> dict[str, Any]:
-    """configs/sft/<name>.yaml (an ``extra.sft`` section) as a dict."""
-    return read_yaml(CONFIGS_DIR / "sft" / f"{name}.yaml")
+    """configs/sft/<name>.yaml (an ``extra.sft`` section) as a dict; ``name`` must be a bare name
+    (gc25d_core.names) whose file lies inside configs/sft/."""
+    try:
+        path = path_under(CONFIGS_DIR / "sft", name, "sft_preset", suffix=".yaml")
+    except InvalidNameError as e:
+        raise ConfigError(str(e)) from None
+    return read_yaml(path)
 
 
 def with_sft(cfg: Gc25dConfig, section: str | dict[str, Any], overrides: dict[str, Any] | None = None):
