@@ -14,6 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig, deep_merge, load_config, parse_overrides
+from gc25d_core.names import InvalidNameError, path_under
 
 
 class ArtifactStore(dg.ConfigurableResource):
@@ -55,10 +56,17 @@ class Gc25dProject(dg.ConfigurableResource):
         """Deterministic per (stage, partition): retries and relaunches resume from the same folder.
 
         ``per_run`` adds the run id, so only retries inside one run resume (for checks that must
-        really run again on every new run)."""
+        really run again on every new run). The stage, the partition key and the run id must each be
+        a name (gc25d_core.names) and the folder must stay under the runs root: a bad key fails the
+        step without retries (a retry cannot fix it)."""
         part = context.partition_key if context is not None and context.has_partition_key else "default"
-        path = Path(cfg.paths.runs_root) / stage / part
-        return path / context.run.run_id if per_run and context is not None else path
+        try:
+            path = path_under(path_under(cfg.paths.runs_root, stage, "stage"), part, "partition key")
+            if per_run and context is not None:
+                path = path_under(path, context.run.run_id, "run id")
+        except InvalidNameError as e:
+            raise dg.Failure(f"run folder of {stage!r}: {e}", allow_retries=False) from None
+        return path
 
 
 def default_project() -> Gc25dProject:
