@@ -7,12 +7,18 @@ and ``bytes=a-`` get 206 with Content-Range; unsatisfiable ranges get 416.
 
 Fault injection for tests: ``fault(request) -> Fault | None`` is asked once per request.
 (The stdlib ``python -m http.server`` ignores Range, so it cannot serve these tests.)
+
+With ``tls`` (an ``ssl.SSLContext``) the same port answers both https and plain http, told apart by
+the first byte (a TLS handshake starts with 0x16), so a test can redirect between the schemes of
+one host:port. ``seen`` records every request's scheme, path and Authorization header.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -48,7 +54,16 @@ class Fault:
     location: str = ""
 
 
+@dataclass(frozen=True)
+class SeenRequest:
+    n: int
+    scheme: str  # "https" or "http"
+    url: str  # the raw request path
+    authorization: str | None
+
+
 Resolver = Callable[[str, str], "bytes | Path | None"]
+_TLS_HANDSHAKE = 0x16  # first byte of a TLS ClientHello record
 
 
 def _parse_range(h: str | None, size: int) -> tuple[int, int] | None | str:
@@ -88,9 +103,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self.close_connection = True
         srv = self.server
+        scheme = "https" if isinstance(self.connection, ssl.SSLSocket) else "http"
         with srv.lock:
             n = srv.requests
             srv.requests += 1
+            srv.seen.append(SeenRequest(n, scheme, self.path, self.headers.get("Authorization")))
         url = urllib.parse.urlsplit(self.path)
         path = urllib.parse.unquote(url.path)
         if path == "/api/head":
@@ -181,12 +198,28 @@ class _Server(ThreadingHTTPServer):
         resolve: Resolver,
         head: Callable[[], str | None] | None,
         fault: Callable[[FaultRequest], Fault | None] | None,
+        tls: ssl.SSLContext | None,
     ):
         super().__init__(addr, _Handler)
-        self.resolve, self.head, self.fault = resolve, head, fault
+        self.resolve, self.head, self.fault, self.tls = resolve, head, fault, tls
         self.lock = threading.Lock()
         self.requests = 0
         self.log: list[tuple[Any, ...]] = []
+        self.seen: list[SeenRequest] = []
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """In the request's own thread: wrap TLS connections (sniffed by their first byte)."""
+        if self.tls is not None:
+            try:
+                request.settimeout(10)
+                first = request.recv(1, socket.MSG_PEEK)
+                if first and first[0] == _TLS_HANDSHAKE:
+                    request = self.tls.wrap_socket(request, server_side=True)
+                request.settimeout(None)
+            except OSError:  # ssl.SSLError included: a client that rejects our certificate
+                request.close()
+                return
+        super().finish_request(request, client_address)
 
 
 class RangeServer:
@@ -200,8 +233,9 @@ class RangeServer:
         fault: Callable[[FaultRequest], Fault | None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        tls: ssl.SSLContext | None = None,
     ):
-        self._srv = _Server((host, port), resolve, head, fault)
+        self._srv = _Server((host, port), resolve, head, fault, tls)
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -223,8 +257,19 @@ class RangeServer:
         return f"http://{host}:{port}"
 
     @property
+    def https_url(self) -> str:
+        """The same host:port over TLS (only with ``tls``)."""
+        if self._srv.tls is None:
+            raise StoreError("this server was started without tls")
+        return "https" + self.url.removeprefix("http")
+
+    @property
     def log(self) -> list[tuple[Any, ...]]:
         return self._srv.log
+
+    @property
+    def seen(self) -> list[SeenRequest]:
+        return self._srv.seen
 
     def set_fault(self, fault: Callable[[FaultRequest], Fault | None] | None) -> None:
         self._srv.fault = fault
