@@ -18,7 +18,9 @@ HttpStore
     backoff; every reconnect must answer 206 with exactly ``bytes <offset>-<size-1>/<size>``, or
     the read fails loud. Redirects are followed per request and every reconnect goes back through
     the pinned URL (an expired CDN redirect is never reused). Bytes are never spliced from two
-    different responses at a wrong offset.
+    different responses at a wrong offset. Only http and https are fetched (first URL and every
+    redirect); https never redirects down to http; the Authorization header goes only to the
+    first URL's origin (scheme, host and port).
 
 HubStore
     Reads through HttpStore at ``<endpoint>/datasets/<repo>/resolve/<commit>/<path>``; head and
@@ -361,23 +363,54 @@ class _Retryable(Exception):
     pass
 
 
+_SCHEMES = ("http", "https")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str, what: str = "") -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL we may fetch: http or https only, a host, a valid port.
+    ``what`` prefixes the URL in the error (a redirect names where it came from)."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in _SCHEMES:
+        raise HttpStreamError(f"refusing {what}{url!r}: scheme {u.scheme!r} is not http or https", url=url)
+    try:
+        port = u.port or _DEFAULT_PORTS[u.scheme]
+    except ValueError:
+        raise HttpStreamError(f"refusing {what}{url!r}: invalid port", url=url) from None
+    if not u.hostname:
+        raise HttpStreamError(f"refusing {what}{url!r}: no host", url=url)
+    return u.scheme, u.hostname.lower(), port
+
+
+def _check_redirect(src: str, dst: str, headers: Mapping[str, str]) -> None:
+    """A redirect leaves https only over https: an http hop would carry the request (and the token,
+    were it the same host) in clear and its answer unauthenticated."""
+    if urllib.parse.urlsplit(src).scheme == "https" and urllib.parse.urlsplit(dst).scheme != "https":
+        token = " with an Authorization header" if any(k.lower() == "authorization" for k in headers) else ""
+        raise HttpStreamError(
+            f"refusing the redirect from {src!r} to {dst!r}: an https downgrade{token}", url=src
+        )
+
+
 def _request(
     url: str,
     headers: Mapping[str, str],
     cfg: HttpConfig,
     method: str = "GET",
 ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, str, bool]:
-    """One request, following redirects; auth headers are not sent to another host.
+    """One request, following redirects. Only http(s) URLs are fetched, https never redirects to
+    http, and the Authorization header goes only to the first URL's origin (scheme, host, port).
 
     Returns (response, connection, final url, redirected)."""
-    origin = urllib.parse.urlsplit(url).netloc
+    origin = _origin(url)
     redirected = False
     for _ in range(cfg.max_redirects + 1):
+        scheme, host, port = hop = _origin(url)
         u = urllib.parse.urlsplit(url)
-        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-        conn = conn_cls(u.netloc, timeout=cfg.timeout_s)
+        conn_cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(host, port, timeout=cfg.timeout_s)
         target = u.path + (f"?{u.query}" if u.query else "")
-        hdrs = {k: v for k, v in headers.items() if u.netloc == origin or k.lower() != "authorization"}
+        hdrs = {k: v for k, v in headers.items() if hop == origin or k.lower() != "authorization"}
         try:
             conn.request(method, target or "/", headers=hdrs)
             resp = conn.getresponse()
@@ -390,7 +423,10 @@ def _request(
             conn.close()
             if not loc:
                 raise HttpStreamError(f"redirect without Location from {url}", url=url)
-            url = urllib.parse.urljoin(url, loc)
+            nxt = urllib.parse.urljoin(url, loc)
+            _origin(nxt, f"the redirect from {url!r} to ")
+            _check_redirect(url, nxt, headers)
+            url = nxt
             redirected = True
             continue
         return resp, conn, url, redirected
@@ -594,6 +630,7 @@ class HttpStore(Store):
     ):
         if "{revision}" not in url_template or "{path}" not in url_template:
             raise ValueError("url_template needs {revision} and {path}")
+        _origin(url_template)  # http(s) only: fail at construction, not at the first read
         self.url_template, self.head_url = url_template, head_url
         self.headers = dict(headers or {})
         self.config = config or HttpConfig()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+import ssl
+import subprocess
 
 import pytest
 
@@ -256,3 +258,111 @@ def test_stdlib_hash_check_of_served_bytes(served):
     sh = read_snapshot(store).manifest.shards[0]
     data = _read_all(http.open_range(sh.path, sh.revision, sh.size))
     assert hashlib.sha256(data).hexdigest() == sh.sha256
+
+
+# ------------------------------------------------------------------------------------------------
+# redirects across schemes: https and plain http on one host:port (RangeServer's tls mode)
+
+TOKEN = {"Authorization": "Bearer s3cret"}
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 and localhost (openssl, as a real CA would issue)."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def dual(tls_cert, monkeypatch):
+    """One server answering https and http on the same port; clients trust its certificate."""
+    cert, key = tls_cert
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read by OpenSSL for every new client context
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    data = random.Random(1).randbytes(100_000)
+    files = {(REV, PATH): data}
+    with RangeServer(lambda rev, path: files.get((rev, path)), tls=ctx) as srv:
+        yield srv, data
+
+
+def _redirect_first_to(base: str):
+    """A fault that sends the first URL (/resolve/...) to ``base`` + /cdn/resolve/..."""
+    return lambda r: (
+        Fault("redirect", location=f"{base}/cdn{r.url}") if r.url.startswith("/resolve/") else None
+    )
+
+
+def _hops(srv) -> list[tuple[str, str, str | None]]:
+    return [(s.scheme, s.url.split("/resolve/")[0] or "/", s.authorization) for s in srv.seen]
+
+
+def test_https_to_http_redirect_is_refused_and_the_token_stays_off_http(dual):
+    srv, data = dual
+    srv.set_fault(_redirect_first_to(srv.url))  # same host:port, plain http
+    store = HttpStore(f"{srv.https_url}/resolve/{{revision}}/{{path}}", headers=TOKEN, config=CFG)
+    with pytest.raises(HttpStreamError, match="https downgrade with an Authorization header") as ei:
+        store.read_bytes(PATH, REV)
+    assert f"{srv.url}/cdn/resolve/{REV}/{PATH}" in str(ei.value)
+    with pytest.raises(HttpStreamError, match="https downgrade"):
+        _read_all(store.open_range(PATH, REV, len(data)))
+    assert _hops(srv) == [("https", "/", TOKEN["Authorization"])] * 2  # the http side never asked
+
+
+def test_http_to_https_upgrade_is_followed_without_the_token(dual):
+    srv, data = dual
+    srv.set_fault(_redirect_first_to(srv.https_url))
+    store = HttpStore(f"{srv.url}/resolve/{{revision}}/{{path}}", headers=TOKEN, config=CFG)
+    assert store.read_bytes(PATH, REV) == data
+    assert _hops(srv) == [("http", "/", TOKEN["Authorization"]), ("https", "/cdn", None)]  # another origin
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_same_origin_redirects_keep_the_token_and_other_hosts_do_not_get_it(dual, scheme):
+    srv, data = dual
+    base = srv.https_url if scheme == "https" else srv.url
+    store = HttpStore(f"{base}/resolve/{{revision}}/{{path}}", headers=TOKEN, config=CFG)
+    srv.set_fault(_redirect_first_to(base))
+    assert store.read_bytes(PATH, REV) == data
+    assert _read_all(store.open_range(PATH, REV, len(data))) == data
+    assert _hops(srv) == [(scheme, "/", TOKEN["Authorization"]), (scheme, "/cdn", TOKEN["Authorization"])] * 2
+    srv.seen.clear()
+    srv.set_fault(_redirect_first_to(base.replace("127.0.0.1", "localhost")))
+    assert store.read_bytes(PATH, REV) == data
+    assert _hops(srv) == [(scheme, "/", TOKEN["Authorization"]), (scheme, "/cdn", None)]
+
+
+@pytest.mark.parametrize("scheme", ["gopher", "ftp", "file"])
+def test_unknown_scheme_urls_are_refused_unfetched(dual, scheme):
+    srv, data = dual
+    url = f"{scheme}://{srv.url.removeprefix('http://')}/resolve/{REV}/{PATH}"
+    with pytest.raises(HttpStreamError, match=f"refusing '{scheme}://.*': scheme '{scheme}'"):
+        http_get_bytes(url, headers=TOKEN, cfg=CFG)
+    with pytest.raises(HttpStreamError, match=f"scheme '{scheme}'"):
+        _read_all(RangeStream(url, len(data), headers=TOKEN, cfg=CFG))
+    with pytest.raises(HttpStreamError, match=f"scheme '{scheme}'"):
+        HttpStore(url.replace(f"{REV}/{PATH}", "{revision}/{path}"))
+    assert srv.seen == []
+
+
+def test_redirect_to_an_unknown_scheme_is_refused(dual):
+    srv, data = dual
+    target = srv.url.replace("http://", "gopher://")
+    srv.set_fault(_redirect_first_to(target))
+    store = HttpStore(f"{srv.url}/resolve/{{revision}}/{{path}}", headers=TOKEN, config=CFG)
+    with pytest.raises(
+        HttpStreamError, match="refusing the redirect from 'http://.*' to 'gopher://.*': scheme"
+    ):
+        store.read_bytes(PATH, REV)
+    with pytest.raises(HttpStreamError, match="scheme 'gopher'"):
+        _read_all(store.open_range(PATH, REV, len(data)))
+    assert _hops(srv) == [("http", "/", TOKEN["Authorization"])] * 2
