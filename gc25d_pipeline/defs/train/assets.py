@@ -17,7 +17,8 @@ from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
 
 class SftRunConfig(dg.Config):
-    sft_preset: str = ""  # configs/sft/<name>.yaml; empty = the project preset's name (tiny / v10)
+    # a name (gc25d_core.names) for configs/sft/<name>.yaml; empty = the project preset's (tiny / v10)
+    sft_preset: str = ""
     max_steps: int = 0  # 0 = the preset's max_steps
     fresh: bool = False
 
