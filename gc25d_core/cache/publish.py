@@ -25,13 +25,13 @@ import contextlib
 import datetime
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gc25d_core.atomic import STALE_AFTER_S, make_tmp_file, sweep_stale_tmp
 from gc25d_core.cache.errors import (
     AlreadyExistsError,
     CacheError,
@@ -92,18 +92,29 @@ def _log(reporter: Any, msg: str, level: str = "info") -> None:
 
 @contextlib.contextmanager
 def _tmp_file(store: Store, tmp_dir: Path | str | None) -> Iterator[Path]:
-    """A temp file on the store's filesystem when local (so the commit is a link, not a copy)."""
+    """A temp file on the store's filesystem when local (so the commit is a link, not a copy).
+
+    Its name carries this writer's host and pid: a writer killed before the ``finally`` leaves it
+    behind (hard-linked to the committed shard, so it would pin a whole shard's bytes after a later
+    cleanup of the store), and ``sweep_store_tmp`` removes it once the writer is dead."""
     if tmp_dir is None and isinstance(store, LocalStore):
         tmp_dir = store.root / LocalStore.META / "tmp"
     if tmp_dir is not None:
         Path(tmp_dir).mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".tmp-shard-", suffix=".tar", dir=tmp_dir)
-    os.close(fd)
+    tmp = make_tmp_file(tmp_dir, "shard")
     try:
-        yield Path(name)
+        yield tmp
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
+            tmp.unlink()
+
+
+def sweep_store_tmp(store: Store, *, max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temp files killed writers left in a local store (its tmp folder, and the shard,
+    receipt and manifest folders its commits write into). Live writers' files stay."""
+    if not isinstance(store, LocalStore):
+        return []
+    return sweep_stale_tmp(store.root, recursive=True, max_age_s=max_age_s)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,9 +428,11 @@ def publish_snapshot(
     ``receipts``: explicit receipt paths (default: every unlisted receipt at the head).
     First publication: ``schema_name`` (else the receipts'), ``split_rule`` (default: hash, 2 %)
     and ``dims`` define the dataset; later ones must agree. Receipts that fail verification or
-    collide with listed sample ids are not listed and are reported in ``rejected``.
+    collide with listed sample ids are not listed and are reported in ``rejected``. A local
+    store's stale temp files are swept first.
     ``before_commit(attempt)`` is a test hook called just before each commit call.
     """
+    sweep_store_tmp(store)
     ex_add, ex_rm = sorted(set(exclude_add)), set(exclude_remove)
     verified: dict[str, tuple[Receipt, str] | str] = {}  # receipt path -> (receipt, revision) | reason
     last_err = ""
@@ -607,6 +620,7 @@ def import_shards(
     is it committed. The receipt records the source (repo, path, revision, SHA256). Never
     re-encodes. Already imported identical shards are skipped."""
     sch = get_schema(schema_name)
+    sweep_store_tmp(dst)
     out: list[PackResult] = []
     bar = reporter.progress(total=len(entries), unit="shards") if reporter is not None else None
     for e in entries:
