@@ -77,7 +77,6 @@ def pack_and_publish(cfg: Gc25dConfig, reporter: Any = None) -> dict[str, Any]:
             name=name,
             samples=samples(),
             schema=SCHEMA_GC25D,
-            group_of=lambda _sid, meta: str(meta["run"]),
         )
         packed += 1
         if reporter is not None:
