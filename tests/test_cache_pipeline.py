@@ -6,7 +6,9 @@ import json
 import dagster as dg
 import numpy as np
 import pytest
+import torch
 
+from gc25d_core.cache import SCHEMA_GC25D, LocalStore, pack_shard
 from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.snapshots import list_versions, read_snapshot
 from gc25d_core.index import write_index
@@ -54,7 +56,7 @@ def test_training_cache_publishes_then_is_idempotent(project):
     assert first.metadata["snapshot"] == "v000001" and first.metadata["num_shards_packed"] == 2
     assert first.metadata["added_samples"] == 4
     again = training_cache(dg.build_asset_context(), project=project)
-    assert again.metadata["noop"] and again.metadata["num_shards_skipped"] == 2
+    assert again.metadata["noop"] and again.metadata["num_shards_packed"] == 0
     store = open_cache_store(project.config())
     assert list_versions(store) == [1]
     manifest = read_snapshot(store, 1).manifest
@@ -66,6 +68,40 @@ def test_training_cache_publishes_then_is_idempotent(project):
         "arena__R10_s2024__000000": "train",
         "arena__R10_s2024__000096": "train",
     }
+
+
+def test_training_cache_fails_when_the_publisher_rejects_a_receipt(project, tmp_path):
+    training_cache(dg.build_asset_context(), project=project)
+    # another worker's receipt that lists its val-run sample under a train run: must fail loudly
+    scratch = LocalStore(tmp_path / "scratch")
+    sid = "arena__R10_s1512__009600"
+    tensors = {
+        "latent": torch.zeros(48, 21, 4, 8, dtype=torch.bfloat16),
+        "actions_block": torch.zeros(21, 5, dtype=torch.uint8),
+    }
+    meta = {"clip_id": sid, "subset": "s", "scene": "arena", "run": "R10_s1512", "start": 9600}
+    res = pack_shard(
+        scratch,
+        worker="other",
+        name="y",
+        samples=[(sid, tensors, {**meta, "prompts": ["p"] * 21})],
+        schema=SCHEMA_GC25D,
+    )
+    receipt = json.loads(scratch.read_bytes(res.receipt_path, scratch.head()))
+    receipt["samples"][0]["group"] = "R10_s2024"
+    store = open_cache_store(project.config())
+    store.commit(
+        {
+            res.shard_path: (scratch.root / res.shard_path).read_bytes(),
+            res.receipt_path: json.dumps(receipt).encode(),
+        },
+        parent=store.head(),
+    )
+    with pytest.raises(dg.Failure, match=res.receipt_path) as raised:
+        training_cache(dg.build_asset_context(), project=project)
+    assert f"sample {sid}" in str(raised.value) and "split group 'R10_s2024' is listed" in str(raised.value)
+    assert res.receipt_path in raised.value.metadata["rejected"].data
+    assert list_versions(store) == [1]
 
 
 def test_sensor_adds_one_partition_and_run_per_new_snapshot(project, tmp_path):

@@ -11,8 +11,9 @@ Publisher side (one logical publisher; concurrent ones are safe, they serialise 
     result = publish_snapshot(store)            # discovers unlisted receipts, verifies, publishes
 
 The publisher re-reads every new shard at a pinned revision and checks it against its receipt
-(size, SHA256, member listing, per-member hashes; ``deep`` also deserialises each verified PT and
-checks the schema) before listing it. It commits ``manifests/v<N>.json`` and ``manifest.json`` in
+(size, SHA256, member listing, per-member hashes, and each sample's split group against the group
+its own verified JSON gives under the schema; ``deep`` also deserialises each verified PT and checks
+the schema) before listing it. It commits ``manifests/v<N>.json`` and ``manifest.json`` in
 one commit whose parent is the head it read. A lost race (StaleParentError / HTTP 412) rebases:
 re-read the head and the new parent snapshot, rebuild as N+1. Any other error re-reads the head
 first: if our exact ``v<N>.json`` is there, the commit landed ("error but it landed") and is not
@@ -25,13 +26,13 @@ import contextlib
 import datetime
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gc25d_core.atomic import STALE_AFTER_S, make_tmp_file, sweep_stale_tmp
 from gc25d_core.cache.errors import (
     AlreadyExistsError,
     CacheError,
@@ -51,6 +52,7 @@ from gc25d_core.cache.manifest import (
     Receipt,
     ReceiptSample,
     SampleEntry,
+    SampleSchema,
     ShardEntry,
     SourceRef,
     SplitRule,
@@ -92,18 +94,29 @@ def _log(reporter: Any, msg: str, level: str = "info") -> None:
 
 @contextlib.contextmanager
 def _tmp_file(store: Store, tmp_dir: Path | str | None) -> Iterator[Path]:
-    """A temp file on the store's filesystem when local (so the commit is a link, not a copy)."""
+    """A temp file on the store's filesystem when local (so the commit is a link, not a copy).
+
+    Its name carries this writer's host and pid: a writer killed before the ``finally`` leaves it
+    behind (hard-linked to the committed shard, so it would pin a whole shard's bytes after a later
+    cleanup of the store), and ``sweep_store_tmp`` removes it once the writer is dead."""
     if tmp_dir is None and isinstance(store, LocalStore):
         tmp_dir = store.root / LocalStore.META / "tmp"
     if tmp_dir is not None:
         Path(tmp_dir).mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".tmp-shard-", suffix=".tar", dir=tmp_dir)
-    os.close(fd)
+    tmp = make_tmp_file(tmp_dir, "shard")
     try:
-        yield Path(name)
+        yield tmp
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
+            tmp.unlink()
+
+
+def sweep_store_tmp(store: Store, *, max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temp files killed writers left in a local store (its tmp folder, and the shard,
+    receipt and manifest folders its commits write into). Live writers' files stay."""
+    if not isinstance(store, LocalStore):
+        return []
+    return sweep_stale_tmp(store.root, recursive=True, max_age_s=max_age_s)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,7 +163,6 @@ def pack_shard(
     schema: str,
     dims: Mapping[str, int] | None = None,
     validate: bool = True,
-    group_of: Callable[[str, Mapping[str, Any]], str] | None = None,
     source: SourceRef | None = None,
     tmp_dir: Path | str | None = None,
 ) -> PackResult:
@@ -158,7 +170,9 @@ def pack_shard(
     ``shards/<worker>/<name>.tar`` plus ``receipts/<worker>/<name>.json`` in one commit.
 
     ``samples`` may be a generator (one sample in memory at a time). ``validate`` checks each
-    sample against ``schema`` (and pinned ``dims``) before it is written. Re-packing identical
+    sample against ``schema`` (and pinned ``dims``) before it is written. Each sample's split group
+    is the one ``schema`` reads from its JSON (the publisher checks it again against the bytes).
+    Re-packing identical
     bytes is a no-op (``created=False``); different bytes under an existing name raise
     AlreadyExistsError (shards are create-only).
     """
@@ -172,14 +186,14 @@ def pack_shard(
             check_sample_id(sid)
             pt = encode_pt(payload)
             js = encode_json(meta)
-            meta_obj = dict(meta) if isinstance(meta, Mapping) else json.loads(js)
+            meta_obj = json.loads(js)
             if validate:
                 tensors = payload if isinstance(payload, Mapping) else deserialize_pt(pt)
                 try:
                     bound.update(validate_sample(sch, dict(tensors), meta_obj, bound))
                 except SampleSchemaError as e:
                     raise SampleSchemaError(f"pack {shard_path} sample {sid}: {e}") from None
-            groups.append(group_of(sid, meta_obj) if group_of else sch.group_of(sid, meta_obj))
+            groups.append(sample_group(sch, sid, js))
             yield sid, pt, js
 
     with _tmp_file(store, tmp_dir) as tmp:
@@ -232,6 +246,37 @@ def read_receipt(store: Store, receipt_path: str, revision: str) -> Receipt:
     if r.receipt_path != receipt_path:
         raise ManifestError(f"{receipt_path} describes {r.shard_path} (expected at {r.receipt_path})")
     return r
+
+
+def sample_group(schema: SampleSchema, sample_id: str, json_bytes: bytes) -> str:
+    """The split group a sample's own JSON gives under ``schema``: the one authority for its split
+    (receipts and manifests only record it, and verification checks them against it)."""
+    try:
+        meta = deserialize_json(json_bytes)
+    except ValueError:  # not JSON: the schema's fallback (the sample id)
+        meta = {}
+    return schema.group_of(sample_id, meta if isinstance(meta, dict) else {})
+
+
+def _group_checker(
+    schema_name: str, shard: str, samples: Sequence[ReceiptSample]
+) -> Callable[[VerifiedMember], None]:
+    """Check the group a receipt / manifest lists for each sample against the sample's JSON."""
+    sch = get_schema(schema_name)
+    source = f"json field {sch.group_field!r}" if sch.group_field else "its sample id"
+
+    def check(vm: VerifiedMember) -> None:
+        assert vm.json_bytes is not None
+        listed, own = samples[vm.index].group, sample_group(sch, vm.sample_id, vm.json_bytes)
+        if listed != own:
+            raise ShardError(
+                f"split group {listed!r} is listed, but the sample's {source} gives {own!r}",
+                shard=shard,
+                sample=vm.sample_id,
+                offset=vm.offset,
+            )
+
+    return check
 
 
 def _deep_checker(schema_name: str, dims: Mapping[str, int], shard: str) -> Callable[[VerifiedMember], None]:
@@ -288,21 +333,30 @@ def _verify_shard(
     revision: str,
     size: int,
     sha256: str,
-    samples: Sequence[Any],
+    samples: Sequence[ReceiptSample],
     schema_name: str,
     dims: Mapping[str, int],
     deep: bool,
 ) -> None:
-    """Stream one shard at ``revision`` and check its bytes and members; ``deep`` also deserialises
-    every (verified) sample and checks it against the schema."""
+    """Stream one shard at ``revision`` and check its bytes and members, and each listed group
+    against the sample's JSON (cheap, so always); ``deep`` also deserialises every (verified)
+    sample and checks it against the schema."""
+    check_group = _group_checker(schema_name, path, samples)
+    check_schema = _deep_checker(schema_name, dims, path) if deep else None
+
+    def on_member(vm: VerifiedMember) -> None:
+        if check_schema is not None:  # first: a JSON that is not an object has no group field
+            check_schema(vm)
+        check_group(vm)
+
     verify_stream(
         store.open_range(path, revision, size),
         shard=path,
         size=size,
         sha256=sha256,
         expected=samples,
-        on_member=_deep_checker(schema_name, dims, path) if deep else None,
-        keep=(lambda i: True) if deep else (lambda i: False),
+        on_member=on_member,
+        keep=lambda i: True,  # the JSON is needed for the group; payloads are in memory anyway
     )
 
 
@@ -416,10 +470,12 @@ def publish_snapshot(
 
     ``receipts``: explicit receipt paths (default: every unlisted receipt at the head).
     First publication: ``schema_name`` (else the receipts'), ``split_rule`` (default: hash, 2 %)
-    and ``dims`` define the dataset; later ones must agree. Receipts that fail verification or
-    collide with listed sample ids are not listed and are reported in ``rejected``.
+    and ``dims`` define the dataset; later ones must agree. Receipts that fail verification (bytes,
+    or a group that disagrees with the sample's own JSON) or collide with listed sample ids are not
+    listed and are reported in ``rejected``. A local store's stale temp files are swept first.
     ``before_commit(attempt)`` is a test hook called just before each commit call.
     """
+    sweep_store_tmp(store)
     ex_add, ex_rm = sorted(set(exclude_add)), set(exclude_remove)
     verified: dict[str, tuple[Receipt, str] | str] = {}  # receipt path -> (receipt, revision) | reason
     last_err = ""
@@ -596,7 +652,6 @@ def import_shards(
     schema_name: str,
     source_repo: str,
     deep: bool = False,
-    group_of: Callable[[str, Mapping[str, Any]], str] | None = None,
     reporter: Any = None,
     tmp_dir: Path | str | None = None,
 ) -> list[PackResult]:
@@ -607,6 +662,7 @@ def import_shards(
     is it committed. The receipt records the source (repo, path, revision, SHA256). Never
     re-encodes. Already imported identical shards are skipped."""
     sch = get_schema(schema_name)
+    sweep_store_tmp(dst)
     out: list[PackResult] = []
     bar = reporter.progress(total=len(entries), unit="shards") if reporter is not None else None
     for e in entries:
@@ -631,13 +687,8 @@ def import_shards(
         def on_member(vm: VerifiedMember, check: Any = check, groups: list[str] = groups) -> None:
             if check is not None:
                 check(vm)
-            assert vm.json_bytes is not None
-            try:
-                meta = deserialize_json(vm.json_bytes)  # bytes already verified
-            except ValueError:
-                meta = {}
-            meta = meta if isinstance(meta, dict) else {}
-            groups.append(group_of(vm.sample_id, meta) if group_of else sch.group_of(vm.sample_id, meta))
+            assert vm.json_bytes is not None  # bytes already verified
+            groups.append(sample_group(sch, vm.sample_id, vm.json_bytes))
 
         with _tmp_file(dst, tmp_dir) as tmp:
             with open(tmp, "wb") as sink:

@@ -1,7 +1,8 @@
 """Sharded, resumable per-clip processing shared by the preprocessing jobs.
 
 Each rank takes a deterministic shard of the clips (sorted by clip_id, round-robin by global rank),
-skips clips whose outputs already exist and validate, builds the rest and writes them atomically.
+first removes the temp files that killed writers left in the task's output folders, skips clips
+whose outputs already exist and validate, builds the rest and writes them atomically.
 A failed clip is recorded with its error and the loop goes on; at the end the ranks gather their
 results, rank 0 reports one materialization, and the job fails if any clip failed (so a retry redoes
 only those). Failures are also written to ``<run_dir>/failures/rank-<r>.json``.
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gc25d_core.atomic import atomic_write_text
+from gc25d_core.atomic import atomic_write_text, sweep_stale_tmp
 from gc25d_core.distributed import dist_active, global_rank, shard, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.index import ClipRow
@@ -100,8 +101,18 @@ def _one_by_one(build: Callable[[ClipRow], int]) -> BuildMany:
     return build_many
 
 
+def sweep_output_folders(task: ClipTask, rows: Sequence[ClipRow]) -> list[Path]:
+    """Remove the temp files of dead writers where ``task`` writes; live writers' files stay (so
+    every rank may sweep while the others already write)."""
+    folders = {path.parent for row in rows for path in task.outputs(row)}
+    return [p for folder in sorted(folders) for p in sweep_stale_tmp(folder)]
+
+
 def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: Path) -> ShardResult:
     rank = global_rank()
+    swept = sweep_output_folders(task, rows)
+    if swept:
+        rep.log(f"{task.name}: removed {len(swept)} temp file(s) of killed writers")
     mine = shard_rows(rows)
     result = ShardResult(rank=rank, num_assigned=len(mine))
     t0 = time.monotonic()

@@ -3,7 +3,7 @@ one partition per immutable snapshot, verified before anything trains on it."""
 
 import dagster as dg
 
-from gc25d_core.cache.from_layout import open_cache_store, pack_and_publish
+from gc25d_core.cache.from_layout import RejectedReceiptsError, open_cache_store, pack_and_publish
 from gc25d_core.cache.manifest import parse_snapshot_id
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
@@ -36,9 +36,13 @@ class _LogReporter:
 
 @dg.asset(group_name="cache", deps=[latents, cond, cond_ext, ext_canvas], kinds={"python"})
 def training_cache(context: dg.AssetExecutionContext, project: Gc25dProject) -> dg.MaterializeResult:
-    """Shards + receipts for every not-yet-packed chunk of clips, then the next snapshot (parent-checked)."""
+    """Shards + receipts for the clips the cache does not hold yet, then the next snapshot
+    (parent-checked). Fails when the publisher rejects a receipt: its clips would be in no snapshot."""
     cfg = project.config()
-    summary = pack_and_publish(cfg, reporter=_LogReporter(context))
+    try:
+        summary = pack_and_publish(cfg, reporter=_LogReporter(context))
+    except RejectedReceiptsError as e:
+        raise dg.Failure(description=str(e), metadata={"rejected": dg.MetadataValue.json(e.rejected)}) from e
     version = summary["commit"] or "empty"
     return dg.MaterializeResult(metadata=summary, data_version=dg.DataVersion(version))
 
