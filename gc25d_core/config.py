@@ -10,10 +10,19 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gc25d_core.atomic import atomic_write_text
 
@@ -107,15 +116,28 @@ class IndexConfig(Strict):
     allow_missing_val_runs: bool = False
 
 
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA256 digest as 64 lowercase hex digits (hashlib's hexdigest, sha256sum's output)."""
+
+
 class TextConfig(Strict):
-    """SPEC §4: the text table. Without a table file the synthetic table of ``dim`` columns is used."""
+    """SPEC §4: the text table. Without a table file the synthetic table of ``dim`` columns is used;
+    a configured table file is used only when its bytes match ``table_sha256``."""
 
     data_dir: Path = CONFIGS_DIR / "text"
     table_path: Path | None = None
-    table_sha256: str | None = None
+    table_sha256: Sha256Hex | None = Field(default=None, validate_default=True)
     max_len: int = 512
     dim: int = 4096
     synthetic_seed: int = 0
+
+    @field_validator("table_sha256")
+    @classmethod
+    def _required_with_a_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # an unverified table would silently condition every clip: no path without its hash
+        if v is None and info.data.get("table_path") is not None:
+            raise ValueError("required when text.table_path is set (the SHA256 of that file)")
+        return v
 
 
 class RawConfig(Strict):
