@@ -222,15 +222,37 @@ class ConfigError(ValueError):
     """A preset or override failed validation; the message names the file and the field."""
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def _key_parts(item: str, dotted: str) -> list[str]:
+    if not dotted.strip():
+        raise ConfigError(f"override {item!r}: the key before '=' is empty; expected key.path=value")
+    parts = [p.strip() for p in dotted.split(".")]
+    empty = [i for i, p in enumerate(parts) if not p]
+    if empty:
+        raise ConfigError(
+            f"override {item!r}: key {dotted.strip()!r} has an empty part (number {empty[0] + 1}); "
+            "expected key.path=value"
+        )
+    return parts
+
+
+def _set_dotted(tree: dict[str, Any], item: str, parts: list[str], value: Any) -> None:
     node = tree
-    parts = dotted.split(".")
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+            section = ".".join(parts[: i + 1])
+            raise ConfigError(f"override {item!r}: {section!r} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _yaml_value(item: str, key: str, raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        # the parser's own position line refers to the value text alone; keep only its problem
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"override {item!r}: the value of {key} is not valid YAML ({problem})") from e
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -239,8 +261,9 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value")
-        key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        dotted, raw = item.split("=", 1)
+        parts = _key_parts(item, dotted)
+        _set_dotted(tree, item, parts, _yaml_value(item, ".".join(parts), raw))
     return tree
 
 
