@@ -69,6 +69,7 @@ from gc25d_core.cache.manifest import ManifestRef, ShardEntry, Strict, validate_
 from gc25d_core.cache.snapshots import Snapshot, read_pinned, read_snapshot
 from gc25d_core.cache.stores import Store
 from gc25d_core.cache.tario import DEFAULT_CHUNK, deserialize_json, deserialize_pt, iter_verified_members
+from gc25d_core.config import Sha256Hex
 
 log = logging.getLogger("gc25d_core.cache")
 
@@ -187,7 +188,6 @@ def _deal(items: Sequence[tuple[int, int]], n: int) -> list[list[int]]:
 
 # -- the checkpointed state ---------------------------------------------------------------------
 
-_Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 _HexMask = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]+$")]
 """Consumed samples of one shard: bit j = sample j of its listing, as lowercase hex."""
 
@@ -197,7 +197,7 @@ class StateFingerprint(Strict):
 
     split: Literal["train", "val"]
     seed: int
-    extra_exclude_sha256: _Sha256
+    extra_exclude_sha256: Sha256Hex
 
 
 class ShardFailureRecord(Strict):
@@ -205,7 +205,7 @@ class ShardFailureRecord(Strict):
 
     epoch: int = Field(ge=0)
     shard: str
-    shard_sha256: _Sha256
+    shard_sha256: Sha256Hex
     kind: Literal["verify", "io"]
     sample: str | None
     offset: int | None
@@ -223,7 +223,7 @@ class ConsumerState(Strict):
     epoch: int = Field(ge=0)
     consumed: dict[str, _HexMask] = Field(default_factory=dict)
     failures: tuple[ShardFailureRecord, ...] = ()
-    quarantined: dict[_Sha256, str] = Field(default_factory=dict)
+    quarantined: dict[Sha256Hex, str] = Field(default_factory=dict)
 
     def masks(self) -> dict[str, int]:
         return {path: int(hx, 16) for path, hx in self.consumed.items()}
