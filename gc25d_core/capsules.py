@@ -164,8 +164,12 @@ def as_matrix(m: Any, name: str = "matrix") -> np.ndarray:
     a = np.asarray(m, dtype=np.float64)
     if a.shape == (16,):
         a = a.reshape(4, 4)
-    if a.shape != (4, 4) or not np.isfinite(a).all():
-        raise ValueError(f"{name}: expected 16 finite floats (row-major 4x4), got shape {list(a.shape)}")
+    if a.shape != (4, 4):
+        raise ValueError(f"{name}: expected 16 floats (row-major 4x4), got shape {list(a.shape)}")
+    bad = np.argwhere(~np.isfinite(a))
+    if len(bad):
+        r, c = (int(i) for i in bad[0])
+        raise ValueError(f"{name}: {len(bad)} non-finite values, first [{r},{c}] = {a[r, c]}")
     return a
 
 

@@ -10,10 +10,19 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.names import InvalidNameError, path_under
@@ -108,15 +117,28 @@ class IndexConfig(Strict):
     allow_missing_val_runs: bool = False
 
 
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA256 digest as 64 lowercase hex digits (hashlib's hexdigest, sha256sum's output)."""
+
+
 class TextConfig(Strict):
-    """SPEC §4: the text table. Without a table file the synthetic table of ``dim`` columns is used."""
+    """SPEC §4: the text table. Without a table file the synthetic table of ``dim`` columns is used;
+    a configured table file is used only when its bytes match ``table_sha256``."""
 
     data_dir: Path = CONFIGS_DIR / "text"
     table_path: Path | None = None
-    table_sha256: str | None = None
+    table_sha256: Sha256Hex | None = Field(default=None, validate_default=True)
     max_len: int = 512
     dim: int = 4096
     synthetic_seed: int = 0
+
+    @field_validator("table_sha256")
+    @classmethod
+    def _required_with_a_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # an unverified table would silently condition every clip: no path without its hash
+        if v is None and info.data.get("table_path") is not None:
+            raise ValueError("required when text.table_path is set (the SHA256 of that file)")
+        return v
 
 
 class RawConfig(Strict):
@@ -201,15 +223,37 @@ class ConfigError(ValueError):
     """A preset or override failed validation; the message names the file and the field."""
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def _key_parts(item: str, dotted: str) -> list[str]:
+    if not dotted.strip():
+        raise ConfigError(f"override {item!r}: the key before '=' is empty; expected key.path=value")
+    parts = [p.strip() for p in dotted.split(".")]
+    empty = [i for i, p in enumerate(parts) if not p]
+    if empty:
+        raise ConfigError(
+            f"override {item!r}: key {dotted.strip()!r} has an empty part (number {empty[0] + 1}); "
+            "expected key.path=value"
+        )
+    return parts
+
+
+def _set_dotted(tree: dict[str, Any], item: str, parts: list[str], value: Any) -> None:
     node = tree
-    parts = dotted.split(".")
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+            section = ".".join(parts[: i + 1])
+            raise ConfigError(f"override {item!r}: {section!r} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _yaml_value(item: str, key: str, raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        # the parser's own position line refers to the value text alone; keep only its problem
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"override {item!r}: the value of {key} is not valid YAML ({problem})") from e
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -218,8 +262,9 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value")
-        key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        dotted, raw = item.split("=", 1)
+        parts = _key_parts(item, dotted)
+        _set_dotted(tree, item, parts, _yaml_value(item, ".".join(parts), raw))
     return tree
 
 

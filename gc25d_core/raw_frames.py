@@ -3,7 +3,8 @@
 Every reader validates what it returns and raises ``RawLayoutError`` naming the file and the field:
 a missing file, an undecodable PNG, a size that disagrees with run.json (field width/height), ids
 values outside the UE label set (field values), or a frame.json whose fields fail the FrameJson
-schema or disagree with frames.jsonl (fields frame / episode / camera_variant / look_name).
+schema (a non-finite number anywhere, a degenerate matrix) or disagree with frames.jsonl (fields
+frame / episode / camera_variant / look_name / orthographic).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -36,7 +36,9 @@ class RawLayoutError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a NaN/Inf anywhere in a raw file (cameras, capsules, positions) is an error
+    # at the reader, before it can reach meta/*.npz or the ray casting
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _safe_name(v: str) -> str:
@@ -87,6 +89,30 @@ class FrameRecord(_Model):
 
 Vec3 = tuple[float, float, float]
 Capsule = tuple[float, float, float, float, float, float, float]
+Matrix16 = Annotated[list[float], Field(min_length=16, max_length=16)]
+"""A 4×4 matrix, row-major, flattened to 16 floats."""
+
+
+def _rank(rows: np.ndarray) -> int:
+    """Numerical rank (SVD, tolerance relative to the largest singular value: units are cm)."""
+    return int(np.linalg.matrix_rank(rows))
+
+
+def _projects_pixels(v: list[float]) -> list[float]:
+    """Rows x, y and w must be independent: a pixel's ray is where ndc_x·w = x and ndc_y·w = y meet,
+    which needs all three (an all-zero or collapsed matrix maps no pixel to a ray). Row z is not
+    required: depth encodings differ (reversed or infinite far plane)."""
+    rows = np.asarray(v, dtype=np.float64).reshape(4, 4)[[0, 1, 3]]
+    if _rank(rows) < 3:
+        raise ValueError("degenerate: rows x, y, w of the 4x4 matrix are not linearly independent")
+    return v
+
+
+def _invertible(v: list[float]) -> list[float]:
+    """A world-to-view transform is rigid, so it has an inverse; a singular one is corrupt."""
+    if _rank(np.asarray(v, dtype=np.float64).reshape(4, 4)) < 4:
+        raise ValueError("degenerate: the 4x4 matrix is singular (a rigid view transform is invertible)")
+    return v
 
 
 class FrameJson(_Model):
@@ -96,9 +122,9 @@ class FrameJson(_Model):
     episode: int
     camera_variant: str
     look_name: str
-    world_to_clip: list[float] = Field(min_length=16, max_length=16)
-    world_to_view: list[float] = Field(min_length=16, max_length=16)
-    projection: list[float] = Field(min_length=16, max_length=16)
+    world_to_clip: Matrix16
+    world_to_view: Matrix16
+    projection: Matrix16
     orthographic: bool
     fov_x_deg: float
     ortho_width_cm: float
@@ -107,6 +133,9 @@ class FrameJson(_Model):
     actor_pos: dict[Literal["player", "boss"], Vec3]
     player_state: str
     boss_state: str
+
+    _project = field_validator("world_to_clip", "projection")(_projects_pixels)
+    _view = field_validator("world_to_view")(_invertible)
 
     @field_validator("capsules")
     @classmethod
@@ -121,7 +150,10 @@ def _validation_message(path: Path, err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        parts.append(f"{loc}: {e['msg']}")
+        got = e.get("input")
+        # a scalar input says what was wrong (nan, inf, a bad name); a whole object would only be noise
+        shown = f" (got {got!r})" if isinstance(got, int | float | str) and len(repr(got)) <= 80 else ""
+        parts.append(f"{loc}: {e['msg']}{shown}")
     return f"{path}: " + "; ".join(parts)
 
 

@@ -9,13 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from gc25d_core.config import Gc25dConfig
+from gc25d_core.raw_frames import read_frame_json
 from gc25d_core.raw_layout import RawLayoutError, RawSource
 
 
 def validate_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Check the index, every run's run.json / frames.jsonl / actions, and that each frame folder exists.
+    """Check the index, every run's run.json / frames.jsonl / actions, and every frame's frame.json
+    (finite, non-degenerate cameras that agree with frames.jsonl).
 
-    Per-frame images are read later by the preprocessing jobs, which validate them as they go.
+    frame.json is what meta/*.npz is built from, so a bad camera must stop the pipeline here; it costs
+    about 25 µs a frame (≈ 30 s for v10's 1.2 M). Per-frame images are read later by the preprocessing
+    jobs, which validate them as they go.
     """
     t0 = time.monotonic()
     raw = RawSource(Path(cfg.raw.root))
@@ -42,6 +46,8 @@ def validate_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[s
             raise RawLayoutError(
                 f"{frame_root}: {len(missing)} frame folders missing (first: {missing[0]:06d})"
             )
+        for f in range(len(frames)):
+            read_frame_json(run, f)
         num_frames += len(frames)
         if i % 50 == 0:
             log(f"validated {i}/{len(runs)} runs")

@@ -207,9 +207,13 @@ def materialize_table(cfg) -> dict[str, object]:
         src = Path(tcfg.table_path)
         if not src.is_file():
             raise FileNotFoundError(f"text.table_path {src} does not exist")
+        # TextConfig requires the hash with a path; a config built without validation
+        # (model_copy / model_construct) must not slip an unverified table through
+        if tcfg.table_sha256 is None:
+            raise ValueError(f"text.table_sha256 is not set for text.table_path {src}")
         blob = src.read_bytes()  # read once: the bytes hashed are the bytes loaded and copied
         digest = hashlib.sha256(blob).hexdigest()
-        if tcfg.table_sha256 and digest != tcfg.table_sha256:
+        if digest != tcfg.table_sha256:
             raise ValueError(f"{src}: sha256 {digest} differs from text.table_sha256 {tcfg.table_sha256}")
         table = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         validate_table(table, tcfg, data, where=str(src))

@@ -98,3 +98,40 @@ def test_materialize_table_copies_a_configured_table_after_hash_check(tiny_cfg, 
         materialize_table(wrong)
     synth = materialize_table(tiny_cfg)
     assert synth["source"] == "synthetic" and synth["num_keys"] == 19
+
+
+def _with_table(tiny_cfg, table, sha):
+    """tiny_cfg with a text table file, resolved through load_config (the validated path)."""
+    from gc25d_core.config import load_config
+
+    overrides = {
+        "paths": {"data_root": str(tiny_cfg.paths.data_root)},
+        "text": {"table_path": str(table), "table_sha256": sha},
+    }
+    return load_config("tiny", overrides)
+
+
+def test_configured_table_is_used_only_with_its_sha256(tiny_cfg, tmp_path):
+    import hashlib
+
+    src = tmp_path / "table.pt"
+    torch.save(synthetic_table(tiny_cfg.text), src)
+    real = hashlib.sha256(src.read_bytes()).hexdigest()
+    out = tiny_cfg.paths.data_root / "text_table_gc25d.pt"
+    for wrong in ("0" * 64, real[::-1]):  # the v10 placeholder, and another digest
+        with pytest.raises(ValueError) as e:
+            materialize_table(_with_table(tiny_cfg, src, wrong))
+        assert str(src) in str(e.value) and real in str(e.value) and wrong in str(e.value)
+        assert not out.exists()  # nothing unverified reaches the data root
+    meta = materialize_table(_with_table(tiny_cfg, src, real))
+    assert meta["source"] == str(src) and meta["sha256"] == real
+    assert out.read_bytes() == src.read_bytes()
+
+
+def test_table_path_without_sha256_is_refused_even_unvalidated(tiny_cfg, tmp_path):
+    """model_copy skips validation; materialize_table still refuses a table it cannot verify."""
+    src = tmp_path / "table.pt"
+    torch.save(synthetic_table(tiny_cfg.text), src)
+    cfg = tiny_cfg.model_copy(update={"text": tiny_cfg.text.model_copy(update={"table_path": src})})
+    with pytest.raises(ValueError, match=r"text\.table_sha256 is not set"):
+        materialize_table(cfg)

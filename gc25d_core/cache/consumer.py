@@ -50,9 +50,9 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints, ValidationError
 from torch.utils.data import IterableDataset, get_worker_info
 
 from gc25d_core import distributed
@@ -69,10 +69,12 @@ from gc25d_core.cache.manifest import ManifestRef, ShardEntry, Strict, validate_
 from gc25d_core.cache.snapshots import Snapshot, read_pinned, read_snapshot
 from gc25d_core.cache.stores import Store
 from gc25d_core.cache.tario import DEFAULT_CHUNK, deserialize_json, deserialize_pt, iter_verified_members
+from gc25d_core.config import Sha256Hex
 
 log = logging.getLogger("gc25d_core.cache")
 
-STATE_FORMAT = "gc25d_cache_state_v1"
+StateFormat = Literal["gc25d_cache_state_v1"]
+STATE_FORMAT: StateFormat = "gc25d_cache_state_v1"
 
 
 class ConsumerConfig(Strict):
@@ -182,6 +184,71 @@ def _deal(items: Sequence[tuple[int, int]], n: int) -> list[list[int]]:
         out[b].append(item)
         loads[b] += w
     return out
+
+
+# -- the checkpointed state ---------------------------------------------------------------------
+
+_HexMask = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]+$")]
+"""Consumed samples of one shard: bit j = sample j of its listing, as lowercase hex."""
+
+
+class StateFingerprint(Strict):
+    """The consumer settings a state depends on (``_fingerprint``)."""
+
+    split: Literal["train", "val"]
+    seed: int
+    extra_exclude_sha256: Sha256Hex
+
+
+class ShardFailureRecord(Strict):
+    """One failed shard read, as ``_on_event`` records it."""
+
+    epoch: int = Field(ge=0)
+    shard: str
+    shard_sha256: Sha256Hex
+    kind: Literal["verify", "io"]
+    sample: str | None
+    offset: int | None
+    message: str
+    yielded_sample_ids: tuple[str, ...]
+    action: Literal["fail", "quarantine"]
+
+
+class ConsumerState(Strict):
+    """The state dict ``state_dict`` writes and ``load_state_dict`` reads (``STATE_FORMAT``)."""
+
+    format: StateFormat
+    manifest: ManifestRef
+    config: StateFingerprint
+    epoch: int = Field(ge=0)
+    consumed: dict[str, _HexMask] = Field(default_factory=dict)
+    failures: tuple[ShardFailureRecord, ...] = ()
+    quarantined: dict[Sha256Hex, str] = Field(default_factory=dict)
+
+    def masks(self) -> dict[str, int]:
+        return {path: int(hx, 16) for path, hx in self.consumed.items()}
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """('consumed', 'shards/a.tar') → consumed['shards/a.tar']: keys may hold dots and slashes."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out or "<root>"
+
+
+def parse_state(state: object, source: str = "consumer state") -> ConsumerState:
+    """Validate a checkpointed consumer state; errors (StateError) name ``source`` and each field."""
+    try:
+        return ConsumerState.model_validate(state)
+    except ValidationError as e:
+        problems = "; ".join(f"field {_field_path(err['loc'])}: {err['msg']}" for err in e.errors())
+        raise StateError(f"{source}: not a valid {STATE_FORMAT} state: {problems}") from None
 
 
 def _agree(obj: Any) -> Any:
@@ -559,16 +626,17 @@ class StreamingCache(IterableDataset):
             return merge_state_dicts(states)
         return self.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, source: str = "consumer state") -> None:
         """Restore a (merged) state. Switches to the state's snapshot (checked by commit and
         SHA256) even if the store head has moved on. The rank deal is recomputed from it for
-        this process's world size."""
-        if state.get("format") != STATE_FORMAT:
-            raise StateError(f"not a {STATE_FORMAT} state: {state.get('format')!r}")
+        this process's world size. ``source`` (e.g. the checkpoint file) is named in errors."""
+        st = parse_state(state, source)
         fp = _fingerprint(self.config)
-        if state.get("config") != fp:
-            raise StateError(f"state was taken with {state.get('config')}, this consumer has {fp}")
-        ref = ManifestRef.model_validate(state["manifest"])
+        if st.config.model_dump() != fp:
+            raise StateError(
+                f"{source}: field config: state was taken with {st.config.model_dump()}, this consumer has {fp}"
+            )
+        ref = st.manifest
         if ref != self._snap.ref:
             if ref.sha256 == self._snap.ref.sha256 and ref.version == self._snap.ref.version:
                 snap = Snapshot(ref, self._snap.manifest)
@@ -576,15 +644,16 @@ class StreamingCache(IterableDataset):
                 snap = read_pinned(self.store, ref)
             self._set_snapshot(snap)
         consumed: dict[str, int] = {}
-        for p, hx in state.get("consumed", {}).items():
+        for p, mask in st.masks().items():
             i = self._by_path.get(p)
-            mask = int(hx, 16)
             if i is None or mask >> len(self._shards[i].samples):
-                raise StateError(f"consumed entry {p}={hx} does not fit snapshot {ref.snapshot_id}")
+                raise StateError(
+                    f"{source}: field consumed[{p!r}]={st.consumed[p]} does not fit snapshot {ref.snapshot_id}"
+                )
             consumed[p] = mask
-        self.epoch = int(state["epoch"])
-        self._failures = [dict(f) for f in state.get("failures", [])]
-        self._quarantined = dict(state.get("quarantined", {}))
+        self.epoch = st.epoch
+        self._failures = [f.model_dump(mode="json") for f in st.failures]
+        self._quarantined = dict(st.quarantined)
         self._begin_epoch(consumed)
 
     def _begin_epoch(self, consumed: dict[str, int]) -> None:
@@ -629,31 +698,30 @@ def merge_state_dicts(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Union of per-rank states of one step (same snapshot, config and epoch)."""
     if not states:
         raise StateError("no states to merge")
-    first = states[0]
-    for s in states[1:]:
+    parsed = [parse_state(s, f"rank state {i}") for i, s in enumerate(states)]
+    first = parsed[0]
+    for st in parsed[1:]:
         for key in ("format", "manifest", "config", "epoch"):
-            if s.get(key) != first.get(key):
+            if getattr(st, key) != getattr(first, key):
                 raise StateError(
-                    f"cannot merge states that differ in {key}: {s.get(key)} != {first.get(key)}"
+                    f"cannot merge states that differ in {key}: {getattr(st, key)} != {getattr(first, key)}"
                 )
     consumed: dict[str, int] = {}
     failures: list[dict[str, Any]] = []
-    seen: set[str] = set()
     quarantined: dict[str, str] = {}
-    for s in states:
-        for p, hx in s.get("consumed", {}).items():
-            consumed[p] = consumed.get(p, 0) | int(hx, 16)
-        for f in s.get("failures", []):
-            key = repr(sorted(f.items()))
-            if key not in seen:
-                seen.add(key)
-                failures.append(dict(f))
-        quarantined.update(s.get("quarantined", {}))
+    for st in parsed:
+        for p, mask in st.masks().items():
+            consumed[p] = consumed.get(p, 0) | mask
+        for f in st.failures:
+            rec = f.model_dump(mode="json")
+            if rec not in failures:  # each rank reports the failures it has seen
+                failures.append(rec)
+        quarantined.update(st.quarantined)
     return {
-        "format": first["format"],
-        "manifest": first["manifest"],
-        "config": first["config"],
-        "epoch": first["epoch"],
+        "format": first.format,
+        "manifest": first.manifest.model_dump(),
+        "config": first.config.model_dump(),
+        "epoch": first.epoch,
         "consumed": {p: format(m, "x") for p, m in sorted(consumed.items()) if m},
         "failures": failures,
         "quarantined": dict(sorted(quarantined.items())),

@@ -10,7 +10,10 @@ the union of trained ids must equal the epoch's eligible set, with no id trained
 
 from __future__ import annotations
 
+import copy
+import json
 import random
+import re
 
 import pytest
 from torch.utils.data import DataLoader
@@ -271,3 +274,133 @@ def test_val_split_and_exclusions(rstore):
     )
     got = {k.sample_id for b in ds.iter_batches() for k in b.keys}
     assert got == _eligible(store, ref) - set(extra)
+
+
+# --- a malformed checkpointed state names the field --------------------------------------------
+
+
+_DELETE = object()
+
+
+def _taken_state(store, ref) -> dict:
+    """A real state after one trained batch (a partly consumed shard), as a JSON round trip gives it."""
+    ds = StreamingCache(store, ConsumerConfig(seed=1, batch_size=2), manifest=ref, rank=0, world_size=1)
+    ds.mark_consumed(next(ds.iter_batches()))
+    return json.loads(json.dumps(ds.state_dict()))
+
+
+def _edit(state: dict, path: tuple, value=_DELETE) -> dict:
+    bad = copy.deepcopy(state)
+    node = bad
+    for key in path[:-1]:
+        node = node[key]
+    if value is _DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return bad
+
+
+def _shard(state: dict) -> str:
+    return next(iter(state["consumed"]))
+
+
+_FAILURE = {
+    "epoch": 0,
+    "shard": "shards/w/000000.tar",
+    "shard_sha256": "a" * 64,
+    "kind": "verify",
+    "sample": None,
+    "offset": 512,
+    "message": "bad bytes",
+    "yielded_sample_ids": [],
+    "action": "quarantine",
+}
+
+MALFORMED = [
+    ("no_epoch", lambda s: _edit(s, ("epoch",)), r"field epoch: Field required"),
+    ("epoch_text", lambda s: _edit(s, ("epoch",), "one"), r"field epoch: Input should be a valid integer"),
+    ("epoch_negative", lambda s: _edit(s, ("epoch",), -1), r"field epoch: Input should be greater than"),
+    (
+        "format",
+        lambda s: _edit(s, ("format",), "v0"),
+        r"field format: Input should be 'gc25d_cache_state_v1'",
+    ),
+    ("no_manifest", lambda s: _edit(s, ("manifest",)), r"field manifest: Field required"),
+    ("manifest_sha", lambda s: _edit(s, ("manifest", "sha256")), r"field manifest\.sha256: Field required"),
+    (
+        "manifest_commit",
+        lambda s: _edit(s, ("manifest", "commit"), "main"),
+        r"field manifest: .*40-hex commit",
+    ),
+    ("config_seed", lambda s: _edit(s, ("config", "seed")), r"field config\.seed: Field required"),
+    (
+        "consumed_list",
+        lambda s: _edit(s, ("consumed",), ["x"]),
+        r"field consumed: Input should be a valid dict",
+    ),
+    (
+        "consumed_hex",
+        lambda s: _edit(s, ("consumed", _shard(s)), "zz"),
+        r"field consumed\['shards/[^']+'\]: String should match pattern",
+    ),
+    (
+        "consumed_int",
+        lambda s: _edit(s, ("consumed", _shard(s)), 3),
+        r"field consumed\['shards/[^']+'\]: Input should be a valid string",
+    ),
+    (
+        "failure_kind",
+        lambda s: _edit(s, ("failures",), [{k: v for k, v in _FAILURE.items() if k != "kind"}]),
+        r"field failures\[0\]\.kind: Field required",
+    ),
+    (
+        "quarantined_key",
+        lambda s: _edit(s, ("quarantined",), {"not-a-sha": "shards/w/000000.tar"}),
+        r"field quarantined\['not-a-sha'\]",
+    ),
+    ("none", lambda s: None, r"field <root>: Input should be a valid dictionary"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "says"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_state_names_the_source_and_field(rstore, name, make, says):
+    store, ref = rstore
+    bad = make(_taken_state(store, ref))
+    ds = StreamingCache(store, ConsumerConfig(seed=1, batch_size=2), manifest=ref, rank=0, world_size=1)
+    with pytest.raises(
+        StateError, match=r"^consumer state: not a valid gc25d_cache_state_v1 state: .*" + says
+    ):
+        ds.load_state_dict(bad)
+    with pytest.raises(StateError, match=r"^rank state 1: .*" + says):
+        merge_state_dicts([_taken_state(store, ref), bad])
+    source = "/ckpt/state/step-000100/data.json"  # the trainer names the file it read
+    with pytest.raises(StateError, match=r"^" + re.escape(source) + ": .*" + says):
+        ds.load_state_dict(bad, source=source)
+
+
+def test_state_that_does_not_fit_the_snapshot_names_the_shard(rstore):
+    store, ref = rstore
+    state = _taken_state(store, ref)
+    ds = StreamingCache(store, ConsumerConfig(seed=1, batch_size=2), manifest=ref, rank=0, world_size=1)
+    too_many = _edit(state, ("consumed", _shard(state)), format(1 << 40, "x"))
+    with pytest.raises(
+        StateError, match=r"^c\.json: field consumed\['shards/[^']+'\]=10000000000 does not fit"
+    ):
+        ds.load_state_dict(too_many, source="c.json")
+    unknown = _edit(state, ("consumed", "shards/none/000009.tar"), "1")
+    with pytest.raises(StateError, match=r"field consumed\['shards/none/000009\.tar'\]=1 does not fit"):
+        ds.load_state_dict(unknown)
+
+
+def test_valid_state_with_a_failure_record_round_trips(rstore):
+    """A well-formed state (here with a recorded failure and a quarantine) still loads and merges."""
+    store, ref = rstore
+    state = _taken_state(store, ref)
+    state["failures"] = [_FAILURE]
+    state["quarantined"] = {"a" * 64: "shards/w/000000.tar"}
+    ds = StreamingCache(store, ConsumerConfig(seed=1, batch_size=2), manifest=ref, rank=0, world_size=1)
+    ds.load_state_dict(state)
+    again = json.loads(json.dumps(ds.state_dict()))
+    assert again == state
+    assert merge_state_dicts([again, state]) == state
