@@ -110,9 +110,9 @@ def test_planted_pickle_is_not_executed_on_resume(trained, tmp_path, planted, fo
     marker = tmp_path / "code-ran"
     target = run / SLOT / planted
     torch.save({"module": RunsCode(marker), "optimizer_state_dict": RunsCode(marker)}, target)
-    if forged_record:
+    if forged_record:  # whoever can write the slot can also write a matching digest record
         record = run / SLOT / "sha256.json"
-        digests = json.loads(record.read_text())
+        digests = json.loads(record.read_text()) if record.is_file() else {}
         digests[planted] = sha256_file(target)
         record.write_text(json.dumps(digests))
 
