@@ -158,11 +158,14 @@ def load_torch(
     """``torch.load(weights_only=True)`` of ``path``'s bytes, once they match ``sha256`` (None: no
     record to check against, the weights-only unpickler alone). ``allowed``: the exact extra classes
     the weights-only unpickler may build (by ``__new__`` + state, never by calling them), for this
-    load only. Every failure is a StateFileError naming the file."""
+    load only. Every failure is a StateFileError naming the file.
+
+    The file is read whole, so it costs its size in host memory beside the loaded tensors for the
+    duration of the load: the price of unpickling exactly the bytes that were hashed."""
     import torch
 
     try:
-        data = path.read_bytes()  # hashed and unpickled from the same bytes: nothing can swap the file
+        data = path.read_bytes()  # one read: a file swapped after the hash check cannot reach torch.load
     except OSError as e:
         raise StateFileError(f"{path}: unreadable state file ({e})") from e
     if sha256 is not None:

@@ -25,10 +25,9 @@ the fallback). Run folder::
     <run_dir>/done.json                            written when the target step is reached
 
 Resume is the default: the newest complete state folder restores model, optimizer, LR schedule, data
-cursor, RNG states and step; logs past that step are dropped. State files are only ever unpickled
-by ``torch.load(weights_only=True)`` after their SHA256 matched (DeepSpeed's own files through
-``safe_load.SafeCheckpointEngine``). ``fresh=True`` deletes state, exports and
-logs first.
+cursor, RNG states and step; logs past that step are dropped. ``fresh=True`` deletes state, exports and
+logs first. State files are only ever unpickled by ``torch.load(weights_only=True)`` after their
+SHA256 matched the slot's record (DeepSpeed's own files through ``safe_load.SafeCheckpointEngine``).
 
 Bit-identical resume (deterministic mode) needs the consumer to re-deal the remaining shards the way
 the uninterrupted run had them: equal-size shards consumed in lockstep, ``num_workers`` ≤ 1, the same
