@@ -20,12 +20,14 @@ the fallback). Run folder::
     <run_dir>/exports/step-001000.safetensors      GcDiT export format (save_every, and the last step)
     <run_dir>/state/step-001000/                   rotating full state, exactly ``state_slots`` (2) kept:
         deepspeed/ (or trainer.pt)  data.json (consumer cursor)  rng-rank<r>.pt  trainer.json
+        sha256.json (every .pt file's SHA256, checked before it is deserialised, weights only)
     <run_dir>/metrics.jsonl  val.jsonl              train / validation records (rank 0)
     <run_dir>/done.json                            written when the target step is reached
 
 Resume is the default: the newest complete state folder restores model, optimizer, LR schedule, data
 cursor, RNG states and step; logs past that step are dropped. ``fresh=True`` deletes state, exports and
-logs first.
+logs first. State files are only ever unpickled by ``torch.load(weights_only=True)`` after their
+SHA256 matched the slot's record (DeepSpeed's own files through ``safe_load.SafeCheckpointEngine``).
 
 Bit-identical resume (deterministic mode) needs the consumer to re-deal the remaining shards the way
 the uninterrupted run had them: equal-size shards consumed in lockstep, ``num_workers`` ≤ 1, the same
@@ -55,7 +57,16 @@ import torch
 from pydantic import Field, ValidationError, model_validator
 
 from gc25d_core.atomic import atomic_write_text
-from gc25d_core.checkpoint import CheckpointDir, step_name
+from gc25d_core.checkpoint import (
+    CheckpointDir,
+    load_torch,
+    read_digests,
+    recorded_digest,
+    save_torch,
+    seal_digests,
+    step_name,
+    write_digest_part,
+)
 from gc25d_core.config import (
     CONFIGS_DIR,
     ConfigError,
@@ -628,10 +639,13 @@ class DeepSpeedEngine:
     def __init__(self, model: torch.nn.Module, sft: SftConfig, ds_config: dict[str, Any]):
         import deepspeed
 
+        from gc25d_core.train.safe_load import install_safe_checkpoint_engine
+
         opt, sched = build_optimizer(model, sft.optim)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched, config=ds_config, dist_init_required=False
         )
+        self.checkpoints = install_safe_checkpoint_engine(self.engine)
         self.client_optimizer = opt
         self.module: torch.nn.Module = self.engine.module
 
@@ -654,13 +668,17 @@ class DeepSpeedEngine:
     def lrs(self) -> list[float]:
         return [float(g["lr"]) for g in self.client_optimizer.param_groups]
 
-    def save(self, folder: Path) -> None:
-        self.engine.save_checkpoint(str(folder), tag="deepspeed", client_state={}, save_latest=False)
+    def save(self, folder: Path) -> dict[str, str]:
+        """This rank's files (relative to ``folder``) -> SHA256."""
+        with self.checkpoints.recording(folder) as digests:
+            self.engine.save_checkpoint(str(folder), tag="deepspeed", client_state={}, save_latest=False)
+        return digests
 
-    def load(self, folder: Path) -> None:
-        path, _ = self.engine.load_checkpoint(
-            str(folder), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+    def load(self, folder: Path, digests: dict[str, str]) -> None:
+        with self.checkpoints.expecting(folder, digests):
+            path, _ = self.engine.load_checkpoint(
+                str(folder), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint in {folder}/deepspeed")
 
@@ -706,17 +724,20 @@ class TorchEngine:
     def lrs(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
-    def save(self, folder: Path) -> None:
-        if global_rank() == 0:
-            state = {
-                "model": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-            }
-            torch.save(state, folder / "trainer.pt")
+    def save(self, folder: Path) -> dict[str, str]:
+        """This rank's files (relative to ``folder``) -> SHA256."""
+        if global_rank() != 0:
+            return {}
+        state = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        return {"trainer.pt": save_torch(state, folder / "trainer.pt")}
 
-    def load(self, folder: Path) -> None:
-        state = torch.load(folder / "trainer.pt", map_location=self.device, weights_only=True)
+    def load(self, folder: Path, digests: dict[str, str]) -> None:
+        sha256 = recorded_digest(digests, folder, "trainer.pt")
+        state = load_torch(folder / "trainer.pt", sha256, map_location=self.device)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -970,13 +991,16 @@ class SftTrainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
-        self.engine.save(tmp)
-        torch.save(self._rng_state(), tmp / f"rng-rank{self.rank}.pt")
+        digests = self.engine.save(tmp)
+        rng = f"rng-rank{self.rank}.pt"
+        digests[rng] = save_torch(self._rng_state(), tmp / rng)
+        write_digest_part(tmp, self.rank, digests)
         if self.rank == 0:
             atomic_write_text(tmp / "data.json", json.dumps(data, sort_keys=True))
             atomic_write_text(tmp / "trainer.json", json.dumps(self._trainer_meta(step), sort_keys=True))
         barrier()
         if self.rank == 0:
+            seal_digests(tmp)
             self.state_dir.commit(tmp, step)
         barrier()
         return self.state_dir.path(step)
@@ -999,10 +1023,11 @@ class SftTrainer:
         return int(meta["step"]), folder, json.loads((folder / "data.json").read_text())
 
     def _load_state(self, folder: Path, step: int) -> None:
-        self.engine.load(folder)
-        rng = folder / f"rng-rank{self.rank}.pt"
-        if rng.is_file():
-            self._set_rng_state(torch.load(rng, weights_only=True))
+        digests = read_digests(folder)
+        self.engine.load(folder, digests)
+        rng = f"rng-rank{self.rank}.pt"
+        if (folder / rng).is_file():
+            self._set_rng_state(load_torch(folder / rng, recorded_digest(digests, folder, rng)))
         if self.rank == 0:
             for log in (self.metrics, self.val_log):
                 log.truncate_after(step)

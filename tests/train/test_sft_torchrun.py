@@ -82,6 +82,15 @@ def _same(a: Any, b: Any, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+def _state_file(slot: Path, name: str) -> Any:
+    """A state file as the trainer reads it: SHA256 checked against the slot's record, weights only."""
+    from gc25d_core.checkpoint import load_torch, read_digests, recorded_digest
+    from gc25d_core.train.safe_load import DEEPSPEED_STATE_CLASSES
+
+    sha256 = recorded_digest(read_digests(slot), slot, name)
+    return load_torch(slot / name, sha256, map_location="cpu", allowed=DEEPSPEED_STATE_CLASSES)
+
+
 def _export(path: Path) -> dict[str, Any]:
     from safetensors import safe_open
 
@@ -122,9 +131,13 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
     assert curve[-1]["cond_lr"] == pytest.approx(1e-3)
     assert sorted(p.name for p in (full / "state").iterdir()) == ["step-000008", "step-000012"]
     slot = full / "state" / "step-000012"
-    assert {"data.json", "trainer.json", "rng-rank0.pt", "rng-rank1.pt", "deepspeed"} <= {
+    assert {"data.json", "trainer.json", "rng-rank0.pt", "rng-rank1.pt", "deepspeed", "sha256.json"} <= {
         p.name for p in slot.iterdir()
     }
+    # every .pt either rank wrote (the model states, both ZeRO-2 optimizer shards, both RNG files)
+    digests = json.loads((slot / "sha256.json").read_text())
+    assert sorted(digests) == sorted(p.relative_to(slot).as_posix() for p in slot.rglob("*.pt"))
+    assert len(digests) == 5
     assert json.loads((slot / "trainer.json").read_text())["step"] == STEPS
     assert json.loads((full / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
     val = _records(full / "val.jsonl")
@@ -156,10 +169,8 @@ def test_killed_run_resumes_bit_identically(runs):
         "mp_rank_00_model_states.pt",
         *(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)),
     ):
-        fa = torch.load(full / "state/step-000012/deepspeed" / name, map_location="cpu", weights_only=False)
-        fb = torch.load(
-            resumed / "state/step-000012/deepspeed" / name, map_location="cpu", weights_only=False
-        )
+        fa = _state_file(full / "state/step-000012", f"deepspeed/{name}")
+        fb = _state_file(resumed / "state/step-000012", f"deepspeed/{name}")
         if "module" in fa:
             _same(fa["module"], fb["module"], name)
         else:
@@ -183,11 +194,7 @@ def test_exports_load_with_the_gcdit_loaders(runs):
     assert json.loads(meta.extra["flow"]) == {"template": "Wan", "shift": 5.0, "num_steps": 1000}
     model, _ = load_gc_weights(path)
     assert model.gc_config.dim == 96 and model.gc_config.num_layers == 2
-    state = torch.load(
-        runs["full"] / "state/step-000012/deepspeed/mp_rank_00_model_states.pt",
-        map_location="cpu",
-        weights_only=False,
-    )["module"]
+    state = _state_file(runs["full"] / "state/step-000012", "deepspeed/mp_rank_00_model_states.pt")["module"]
     for k, v in sd.items():
         assert torch.equal(v, state[k].to(torch.bfloat16)), k
     assert float(sd["gc_sem_cond.proj_out.weight"].float().abs().sum()) > 0  # the zero-init layer trained
