@@ -126,6 +126,11 @@ def test_sigkill_of_torchrun_kills_its_ranks(tmp_path):
 
 
 def test_retry_after_sigkill_of_torchrun_resumes_in_the_same_run_folder(tmp_path):
+    """Through Dagster: the killed attempt's ranks die by themselves, the retry resumes beside no one.
+
+    (Under Dagster an orphaned rank 0 dies sooner or later anyway, when its Pipes session is torn
+    down; the test above is the one that shows orphans on unfixed code.)
+    """
     runs_root = tmp_path / "runs"
     project = Gc25dProject(
         preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(runs_root))
