@@ -1,4 +1,8 @@
-"""Shared scaffolding of job entry points: argument parsing, process group, reporter, fault hooks."""
+"""Shared scaffolding of job entry points: argument parsing, process group, reporter, fault hooks.
+
+A rank binds itself to its torchrun before anything else: if torchrun is killed, the kernel kills
+the rank too (gc25d_core.lifeline), rather than leave it running orphaned beside the retry.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from gc25d_core.config import Gc25dConfig, config_from_yaml
 from gc25d_core.distributed import process_group
+from gc25d_core.lifeline import die_with_parent, register
 from gc25d_core.report import Reporter, open_reporter
 
 JobMain = Callable[[argparse.Namespace, Gc25dConfig, Reporter], None]
@@ -23,7 +28,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | None = None) -> None:
-    """Parse, init distributed, open the reporter (Pipes on rank 0 under Dagster), run ``main``."""
+    """Bind to the launcher, parse, init distributed, open the reporter (Pipes on rank 0), run ``main``."""
+    die_with_parent()
+    register("rank")
 
     @record
     def _entry() -> None:

@@ -1,5 +1,5 @@
-"""TorchrunLauncher: a Dagster resource that runs ``python -m torch.distributed.run -m <module>``
-through Dagster Pipes.
+"""TorchrunLauncher: a Dagster resource that runs torchrun (``python -m gc25d_core.lifeline``, which
+runs torch.distributed.run in-process) on ``-m <module>`` through Dagster Pipes.
 
 - The child's global rank 0 opens Pipes (gc25d_core.report); the other ranks stay silent.
 - Termination of the Dagster run is forwarded to torchrun (SIGINT), which stops every rank.
@@ -7,6 +7,10 @@ through Dagster Pipes.
   ``@record`` wrapper); on failure the launcher reads them and fails the step with the failing
   rank's error and traceback, so the cause is in the run log, not only in the compute logs.
 - GC25D_RETRY_NUMBER tells the job which attempt it is; resume itself lives in the job's run folder.
+- Nothing outlives its parent (gc25d_core.lifeline): torchrun is SIGKILLed by the kernel when this
+  step process dies, each rank when torchrun dies. Every process of a launch records itself in
+  ``<run_dir>/.lifeline``; before launching, survivors of an earlier launch there are killed, and a
+  folder owned by another live launcher is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig, write_resolved
+from gc25d_core.lifeline import DIR_ENV, PARENT_ENV, RunFolderBusy, lifeline_dir, reap_and_claim
 
 # Secondary failures: a rank that lost its peer reports this, not the root cause.
 _PEER_LOSS_MARKERS = (
@@ -83,12 +88,12 @@ class TorchrunLauncher(dg.ConfigurableResource):
     max_restarts: int = Field(
         default=0, description="torchrun-internal restarts (Dagster retries are preferred)"
     )
-    python: str = Field(default=sys.executable, description="interpreter that runs torch.distributed.run")
+    python: str = Field(default=sys.executable, description="interpreter that runs torchrun and the ranks")
     extra_env: dict[str, str] = Field(default_factory=dict)
     termination_timeout_s: float = 20.0
 
     def command(self, module: str, args: list[str], log_dir: Path) -> list[str]:
-        cmd = [self.python, "-m", "torch.distributed.run"]
+        cmd = [self.python, "-m", "gc25d_core.lifeline"]  # torchrun, bound to this process
         if self.nnodes == 1 and self.rdzv_endpoint is None:
             cmd.append("--standalone")
         else:
@@ -110,11 +115,13 @@ class TorchrunLauncher(dg.ConfigurableResource):
         ]
         return cmd
 
-    def child_env(self, retry_number: int) -> dict[str, str]:
+    def child_env(self, retry_number: int, run_dir: Path) -> dict[str, str]:
         env = {
             "PYTHONUNBUFFERED": "1",
             "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off (device README)
             "GC25D_RETRY_NUMBER": str(retry_number),
+            PARENT_ENV: str(os.getpid()),  # Pipes' Popen runs in this process: torchrun dies with it
+            DIR_ENV: str(lifeline_dir(run_dir.resolve())),
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", "")) if p
             ),
@@ -137,6 +144,7 @@ class TorchrunLauncher(dg.ConfigurableResource):
                 "TorchrunLauncher must run on node_rank 0 (the Pipes reader is local to this step)"
             )
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._reap_leftovers(context, run_dir)
         config_path = write_resolved(cfg, run_dir)
         retry = context.retry_number
         log_dir = run_dir / "torchrun_logs" / f"attempt-{retry:02d}"
@@ -145,7 +153,7 @@ class TorchrunLauncher(dg.ConfigurableResource):
         )
         context.log.info(f"launching {self.nnodes}x{self.nproc_per_node} ranks: {' '.join(command)}")
         client = dg.PipesSubprocessClient(
-            env={**os.environ, **self.child_env(retry)},
+            env={**os.environ, **self.child_env(retry, run_dir)},
             forward_termination=True,
             termination_timeout_seconds=self.termination_timeout_s,
         )
@@ -155,6 +163,18 @@ class TorchrunLauncher(dg.ConfigurableResource):
             )
         except DagsterPipesExecutionError as e:
             raise self._failure(context, module, log_dir, e) from None
+
+    @staticmethod
+    def _reap_leftovers(context: dg.AssetExecutionContext | dg.OpExecutionContext, run_dir: Path) -> None:
+        try:
+            killed = reap_and_claim(lifeline_dir(run_dir.resolve()))
+        except RunFolderBusy as e:
+            raise dg.Failure(str(e)) from None
+        if killed:
+            listed = ", ".join(f"{r.role} pid {r.pid}" for r in killed)
+            context.log.warning(
+                f"killed {len(killed)} leftover processes of an earlier launch in {run_dir}: {listed}"
+            )
 
     def _failure(self, context, module: str, log_dir: Path, cause: Exception) -> dg.Failure:
         errors = read_rank_errors(log_dir)
