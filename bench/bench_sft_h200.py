@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = build_world(args.root, args.tiny, args.clips_per_run, args.steps)
     flops_clip, info = block_flops(args.tiny)
-    sft = cfg.extra["sft"]
-    clips_per_gpu_step = sft["micro_batch"] * sft["grad_accum"]
+    assert cfg.sft is not None
+    clips_per_gpu_step = cfg.sft.micro_batch * cfg.sft.grad_accum
     env = bench_env()
     summary: dict[str, Any] = {
         "probe": "summary",
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.profile:  # steady-state steps, run after the measured ones
             extra["max_steps"] = args.steps + PROFILED_STEPS
             extra["profile"] = {"start": args.steps + 1, "steps": PROFILED_STEPS}
-        vcfg = with_sft(cfg, cfg.extra["sft"], extra)
+        vcfg = with_sft(cfg, cfg.sft.model_dump(mode="json"), extra)
         config = write_resolved(vcfg, args.root, f"sft_{name}.yaml")
         run_dir = args.root / "runs" / name
         shutil.rmtree(run_dir / "profile", ignore_errors=True)  # no stale profile from an earlier call

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
@@ -26,15 +25,13 @@ from pydantic import (
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.names import InvalidNameError, path_under
+from gc25d_core.schema import ConfigError, Strict, format_validation_error
+from gc25d_core.train.config import SftConfig
+
+__all__ = ["ConfigError", "Gc25dConfig", "Strict", "format_validation_error", "load_config"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
-
-
-class Strict(BaseModel):
-    """Base: unknown keys are errors; instances are immutable and hashable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class GeometryConfig(Strict):
@@ -216,11 +213,7 @@ class Gc25dConfig(Strict):
     vae: VaeConfig = VaeConfig()
     cache: CacheConfig = CacheConfig()
     distributed: DistributedConfig = DistributedConfig()
-    extra: dict[str, Any] = Field(default_factory=dict, description="stage sections not modelled yet")
-
-
-class ConfigError(ValueError):
-    """A preset or override failed validation; the message names the file and the field."""
+    sft: SftConfig | None = Field(default=None, description="SPEC §7 SFT (train.config; configs/sft/)")
 
 
 def _key_parts(item: str, dotted: str) -> list[str]:
@@ -302,14 +295,6 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {loc}: {e['msg']}")
-    return "\n".join(lines)
 
 
 def _resolve_relative(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:

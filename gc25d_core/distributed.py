@@ -24,7 +24,9 @@ def world_size() -> int:
 
 
 def is_distributed_launch() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and world_size() > 1
+    """Started by torchrun (or another launcher that sets the rendezvous environment), any world size:
+    DeepSpeed and FSDP need a process group even on one rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
 def pick_backend(requested: str = "auto") -> str:
@@ -37,7 +39,7 @@ def pick_backend(requested: str = "auto") -> str:
 
 @contextlib.contextmanager
 def process_group(backend: str = "auto", timeout_s: float = 600.0) -> Iterator[None]:
-    """Init the default group when launched by torchrun with world size > 1; always tear it down."""
+    """Init the default group when launched by torchrun (world size 1 included); always tear it down."""
     import torch
     import torch.distributed as dist
 

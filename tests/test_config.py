@@ -89,14 +89,14 @@ PRESET_FILES = sorted(CONFIG_DIR.rglob("*.yaml"))
 
 
 def _validate_preset(path: Path) -> None:
-    """A top-level preset is a whole config; configs/sft/<name>.yaml is an ``extra.sft`` section."""
-    from gc25d_core.train.sft import sft_config, with_sft
+    """A top-level preset is a whole config; configs/<stage>/<name>.yaml is that stage's section of it."""
+    from gc25d_core.train.presets import STAGES, stage_config, with_stage
 
     folder = path.parent.relative_to(CONFIG_DIR).as_posix()
     if folder == ".":
         load_config(path)
-    elif folder == "sft":
-        sft_config(with_sft(load_config("tiny"), read_yaml(path)))
+    elif folder in STAGES:
+        stage_config(with_stage(load_config("tiny"), folder, read_yaml(path)), folder)
     else:  # a new kind of preset needs a rule here, so that it is checked too
         raise AssertionError(f"{path}: no validation rule for presets in configs/{folder}/")
 
@@ -166,7 +166,7 @@ def test_override_with_an_empty_key_part_is_named(override, says):
         load_config("tiny", [override])
 
 
-@pytest.mark.parametrize("override", ["index.val_runs=[a, b", "extra={x: 1", 'name="open', "seed=@1"])
+@pytest.mark.parametrize("override", ["index.val_runs=[a, b", "sft={x: 1", 'name="open', "seed=@1"])
 def test_override_with_malformed_yaml_names_override_and_field(override):
     key = override.split("=", 1)[0]
     with pytest.raises(ConfigError) as e:

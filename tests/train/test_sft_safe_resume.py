@@ -18,11 +18,11 @@ import torch.distributed as dist
 
 from gc25d_core.hashing import sha256_file
 from gc25d_core.report import StdoutReporter
-from gc25d_core.train.sft import SftTrainer, run_sft
+from gc25d_core.train.sft import SftRun, run_sft, sft_config
 from tests.train.world import sft_world
 
 SFT = {
-    "engine": "deepspeed",
+    "engine": "zero2",
     "max_steps": 2,
     "state_every": 2,
     "save_every": 100,
@@ -31,8 +31,8 @@ SFT = {
     "val": {"every": 100, "num_clips": 1},
 }
 SLOT = Path("state/step-000002")
-MODEL_STATES = "deepspeed/mp_rank_00_model_states.pt"
-OPTIM_STATES = "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+MODEL_STATES = "model/mp_rank_00_model_states.pt"  # the ZeRO-2 engine tags its files by the model
+OPTIM_STATES = "model/zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 
 class RunsCode:
@@ -61,7 +61,7 @@ def one_rank(tmp_path_factory):
 def trained(one_rank, tmp_path_factory):
     root = tmp_path_factory.mktemp("sft_safe")
     cfg = sft_world(root, SFT)
-    trainer = SftTrainer(cfg, root / "run", StdoutReporter(rank=0))
+    trainer = SftRun(cfg, sft_config(cfg), root / "run", StdoutReporter(rank=0))
     summary = trainer.run()
     assert summary["state_slots"] == ["step-000002"]
     return cfg, root / "run", trainer
@@ -84,7 +84,7 @@ def test_trainer_installs_the_safe_engine_and_records_every_state_file(trained, 
     from gc25d_core.train.safe_load import SafeCheckpointEngine
 
     cfg, run, trainer = trained
-    assert isinstance(trainer.engine.engine.checkpoint_engine, SafeCheckpointEngine)
+    assert isinstance(trainer.model.ds_engine.checkpoint_engine, SafeCheckpointEngine)
     slot = run / SLOT
     digests = json.loads((slot / "sha256.json").read_text())
     assert sorted(digests) == sorted(p.relative_to(slot).as_posix() for p in slot.rglob("*.pt"))

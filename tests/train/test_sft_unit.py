@@ -12,25 +12,19 @@ import torch
 from gc25d_core.config import ConfigError, load_config
 from gc25d_core.report import StdoutReporter
 from gc25d_core.text import NULL_KEY
-from gc25d_core.train.sft import (
-    SampleTransform,
-    SftConfig,
-    SftDropoutConfig,
-    SftTrainer,
-    deepspeed_config,
-    lr_lambda,
-    prompt_keys,
-    run_sft,
-    sft_config,
-    with_sft,
-)
+from gc25d_core.train.config import DropoutConfig, ProfileConfig, SftConfig
+from gc25d_core.train.data import SampleTransform, prompt_keys
+from gc25d_core.train.engine import deepspeed_config, lr_lambda
+from gc25d_core.train.inputs import cell_mse, ti2v_inputs
+from gc25d_core.train.metrics import StepProfiler
+from gc25d_core.train.sft import run_sft, sft_config, with_sft
 from gc25d_core.vocab import UNKNOWN
 from tests.train.world import sft_world
 
 CURVE_KEYS = ("loss", "mse", "t_mean", "grad_norm", "lr", "cond_lr", "sem_rms", "x_rms", "epoch")
 # two steps as bench/bench_sft_h200.py runs them: no final state or export, no DataLoader worker
 BENCH_SFT = {
-    "engine": "ddp",
+    "engine": "torch",
     "max_steps": 2,
     "state_every": 100,
     "save_every": 100,
@@ -55,7 +49,7 @@ def test_presets_and_generated_deepspeed_config():
         0.01,
         (0.9, 0.999),
     )
-    assert (v10.optim.warmup_steps, v10.optim.grad_clip, v10.save_every, v10.val.every) == (
+    assert (v10.optim.warmup_steps, v10.optim.grad_clip, v10.export_every, v10.val.every) == (
         500,
         1.0,
         1000,
@@ -63,18 +57,30 @@ def test_presets_and_generated_deepspeed_config():
     )
     assert v10.val.timesteps == (200.0, 500.0, 800.0) and v10.val.num_clips == 16 and v10.state_slots == 2
     assert (v10.dropout.text, v10.dropout.cond, v10.dropout.unknown_mask) == (0.1, 0.05, 0.5)
-    ds = deepspeed_config(v10, 8, "bf16")
+
+    def ds_of(sec: SftConfig, world: int, precision: str):
+        return deepspeed_config(
+            sec.zero,
+            micro_batch=sec.micro_batch,
+            grad_accum=sec.grad_accum,
+            grad_clip=sec.optim.grad_clip,
+            world=world,
+            precision=precision,
+        )
+
+    assert v10.engine == "zero2" and v10.zero.via == "accelerate"
+    ds = ds_of(v10, 8, "bf16")
     assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 2
     assert ds["zero_optimization"]["stage"] == 2 and ds["bf16"]["enabled"] and ds["gradient_clipping"] == 1.0
     assert "optimizer" not in ds and "scheduler" not in ds  # client AdamW + LambdaLR
     assert ds["zero_optimization"]["use_multi_rank_bucket_allreduce"] is True  # DeepSpeed's default
     per_owner = with_sft(load_config("v10"), "v10", {"zero": {"use_multi_rank_bucket_allreduce": False}})
-    assert not deepspeed_config(sft_config(per_owner), 8, "bf16")["zero_optimization"][
-        "use_multi_rank_bucket_allreduce"
-    ]
-    assert not deepspeed_config(SftConfig(), 2, "fp32")["bf16"]["enabled"]
-    with pytest.raises(ConfigError, match="optim.lr"):
-        sft_config(load_config("tiny", {"extra": {"sft": {"optim": {"lr": "fast"}}}}))
+    assert not ds_of(sft_config(per_owner), 8, "bf16")["zero_optimization"]["use_multi_rank_bucket_allreduce"]
+    assert not ds_of(SftConfig(), 2, "fp32")["bf16"]["enabled"]
+    with pytest.raises(ConfigError, match="sft.optim.lr"):
+        load_config("tiny", {"sft": {"optim": {"lr": "fast"}}})
+    with pytest.raises(ConfigError, match="no 'sft' section"):
+        sft_config(load_config("tiny"))
     with pytest.raises(ValueError, match="wan_dir"):
         with_sft(load_config("tiny"), {"model": {"init": "wan"}})
 
@@ -96,7 +102,7 @@ def _samples(cfg):
     return ds, [s for b in ds.iter_batches() for s in b.samples]
 
 
-def _transform(cfg, dropout: SftDropoutConfig, ds):
+def _transform(cfg, dropout: DropoutConfig, ds):
     return SampleTransform(
         seed=3,
         dropout=dropout,
@@ -109,7 +115,7 @@ def _transform(cfg, dropout: SftDropoutConfig, ds):
 
 def test_dropouts_are_seeded_per_sample_and_epoch(world):
     ds, samples = _samples(world)
-    tr = _transform(world, SftDropoutConfig(text=0.5, cond=0.3, unknown_mask=0.5), ds)
+    tr = _transform(world, DropoutConfig(text=0.5, cond=0.3, unknown_mask=0.5), ds)
     a = [tr.prepare(s) for s in samples]
     b = [tr.prepare(s) for s in reversed(samples)][::-1]  # order (worker, rank) does not matter
     assert [(p.text_dropped, p.cond_dropped, p.masked) for p in a] == [
@@ -133,7 +139,7 @@ def test_dropouts_are_seeded_per_sample_and_epoch(world):
 def test_ids_outside_the_vocab_fail_in_the_data_worker_naming_the_sample(world):
     """The trainer's model skips its per-forward id check (a device sync); the worker checks instead."""
     ds, samples = _samples(world)
-    tr = _transform(world, SftDropoutConfig(text=0.0, cond=1.0, unknown_mask=0.0), ds)
+    tr = _transform(world, DropoutConfig(text=0.0, cond=1.0, unknown_mask=0.0), ds)
     s = samples[0]
     s.tensors = dict(s.tensors, cond_ids=s.tensors["cond_ids"].clone())
     s.tensors["cond_ids"][3, 0, 0] = 8  # not a 'parts' id
@@ -143,7 +149,7 @@ def test_ids_outside_the_vocab_fail_in_the_data_worker_naming_the_sample(world):
 
 def test_unknown_masking_touches_static_pixels_only(world):
     ds, samples = _samples(world)
-    tr = _transform(world, SftDropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0), ds)
+    tr = _transform(world, DropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0), ds)
     fracs = []
     for s in samples:
         raw = s.tensors["cond_ids"].numpy()
@@ -159,18 +165,21 @@ def test_unknown_masking_touches_static_pixels_only(world):
 
 
 def test_ti2v_inputs_and_loss_mask(world):
-    trainer = SftTrainer(world, world.paths.runs_root, StdoutReporter(rank=0))
+    from gc25d_core.flow import WAN_SCHEDULE
+
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(2, 48, 21, 4, 8, generator=g)
-    x0_, x_t, target = trainer._inputs(x0, 800.0, torch.Generator().manual_seed(1))
+    x0_, x_t, target = ti2v_inputs(
+        WAN_SCHEDULE, x0, 800.0, torch.Generator().manual_seed(1), torch.device("cpu")
+    )
     assert torch.equal(x_t[:, :, 0], x0[:, :, 0])  # the clean anchor
     assert not torch.equal(x_t[:, :, 1], x0[:, :, 1])
     pred = target.clone()
-    assert trainer._mse(pred, target).item() == 0.0  # exact velocity -> zero loss
+    assert cell_mse(pred, target).item() == 0.0  # exact velocity -> zero loss
     pred[:, :, 0] += 100.0
-    assert trainer._mse(pred, target).item() == 0.0  # cell 0 is excluded
+    assert cell_mse(pred, target).item() == 0.0  # cell 0 is excluded
     pred[:, :, 5] += 1.0
-    assert trainer._mse(pred, target).item() == pytest.approx(1 / 20)
+    assert cell_mse(pred, target).item() == pytest.approx(1 / 20)
 
 
 @pytest.fixture
@@ -184,7 +193,7 @@ def one_thread():
 
 def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     sft = {
-        "engine": "ddp",
+        "engine": "torch",
         "max_steps": 6,
         "state_every": 2,
         "save_every": 3,
@@ -205,8 +214,8 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         return [{k: json.loads(x)[k] for k in CURVE_KEYS} for x in lines]
 
     assert curve("full") == curve("part")
-    a = torch.load(tmp_path / "full/state/step-000006/trainer.pt", weights_only=True)
-    b = torch.load(tmp_path / "part/state/step-000006/trainer.pt", weights_only=True)
+    a = torch.load(tmp_path / "full/state/step-000006/model.pt", weights_only=True)
+    b = torch.load(tmp_path / "part/state/step-000006/model.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["scheduler"] == b["scheduler"]
     again = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0))  # nothing left to do
@@ -225,7 +234,7 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
     # 1 rank, 8 train samples, micro_batch 1 -> 8 micro-batches per epoch; grad_accum 3 ->
     # step 3 = the last 2 of epoch 0 + the first of epoch 1, step 6 = the last of epoch 1 + 2 of epoch 2.
     sft = {
-        "engine": "ddp",
+        "engine": "torch",
         "grad_accum": 3,
         "max_steps": 6,
         "state_every": 3,
@@ -244,13 +253,11 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
 
 
 def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
-    from gc25d_core.train.sft import SftProfileConfig, StepProfiler
-
-    off = StepProfiler(SftProfileConfig(), tmp_path / "off", enabled=True)  # start 0 = off
+    off = StepProfiler(ProfileConfig(), tmp_path / "off", enabled=True)  # start 0 = off
     off.before(1)
     off.after(1)
     assert off.prof is None and not (tmp_path / "off").exists()
-    prof = StepProfiler(SftProfileConfig(start=2, steps=2), tmp_path / "p", enabled=True)
+    prof = StepProfiler(ProfileConfig(start=2, steps=2), tmp_path / "p", enabled=True)
     x = torch.randn(64, 64)
     for step in (1, 2, 3, 4):
         prof.before(step)
@@ -261,7 +268,7 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
     assert (tmp_path / "p" / "trace.json").is_file()
     busy = json.loads((tmp_path / "p" / "gpu_busy.json").read_text())  # no device events on the CPU
     assert busy["window_s"] == 0 and busy["gaps"] == 0
-    other_rank = StepProfiler(SftProfileConfig(start=1, steps=1), tmp_path / "r1", enabled=False)
+    other_rank = StepProfiler(ProfileConfig(start=1, steps=1), tmp_path / "r1", enabled=False)
     other_rank.before(1)
     other_rank.after(1)
     assert not (tmp_path / "r1").exists()
@@ -290,7 +297,7 @@ def test_masking_uses_the_meta_the_cache_sample_carries(world, tmp_path):
     for k in keys:
         assert np.array_equal(s.tensors[k].numpy(), meta[k][:81])
     assert s.tensors["world_to_clip"].dtype == torch.float64 and s.tensors["ground_z"].dtype == torch.float32
-    rates = SftDropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0)
+    rates = DropoutConfig(text=0.0, cond=0.0, unknown_mask=1.0)
     no_layout = SampleTransform(
         seed=3,
         dropout=rates,

@@ -1,0 +1,199 @@
+"""Typed configuration of the training stages (pydantic only: the Dagster side imports it).
+
+``StageConfig`` is the base every stage shares: engine, precision, batch shape, schedule, cadences,
+model init, optimizer, data, dropouts, validation, EMA, profiler. A stage's section subclasses it
+with its own fields (``SftConfig`` adds the §10 pick rule) and is a typed field of the run config
+(``Gc25dConfig.sft``), filled from ``configs/<stage>/<preset>.yaml`` by ``with_stage``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, model_validator
+
+from gc25d_core.schema import Strict
+
+EngineKind = Literal["zero2", "fsdp", "torch"]
+
+
+class ModelConfig(Strict):
+    """Which GcDiT and its initial weights. ``overrides`` are DiTConfig fields (e.g. fused_rmsnorm)."""
+
+    preset: Literal["tiny", "full"] = "full"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    init: Literal["random", "wan", "export", "handoff"] = "wan"
+    wan_dir: Path | None = None
+    wan_sha256: dict[str, str] = Field(
+        default_factory=dict, description="shard file name -> SHA256, checked before use"
+    )
+    export_path: Path | None = None
+    export_sha256: str | None = None
+    handoff: Path | None = Field(
+        default=None,
+        description="init='handoff': a producing stage's teacher.json / final.json (train.handoff)",
+    )
+    handoff_export: Literal["export", "ema"] = "export"
+    init_seed: int = 0
+    gradient_checkpointing: bool = True
+    checkpoint_blocks: int | None = Field(
+        default=None, description="recompute only the first N blocks (None: all)"
+    )
+    compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
+    attn_backend: Literal["sdpa", "fa4"] = Field(
+        default="sdpa",
+        description="self-attention kernel: PyTorch SDPA, or FlashAttention-4 (GPU sm90+, needs the "
+        "optional flash-attn-4 package; models.fa4)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.init == "wan" and self.wan_dir is None:
+            raise ValueError("model.init='wan' needs model.wan_dir (and wan_sha256, checked at load)")
+        if self.init == "export" and self.export_path is None:
+            raise ValueError("model.init='export' needs model.export_path")
+        if self.init == "handoff" and self.handoff is None:
+            raise ValueError("model.init='handoff' needs model.handoff (a teacher.json / final.json)")
+        return self
+
+
+class OptimConfig(Strict):
+    """AdamW; the DiT group at ``lr``, the ``gc_sem_cond.*`` group at ``cond_lr`` (None: ``lr``);
+    linear warmup then constant; global-norm clipping at ``grad_clip`` (the one clip value: the
+    generated DeepSpeed config and the engines' clip_grad_norm_ read it)."""
+
+    lr: float = 1e-5
+    cond_lr: float | None = 1e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = Field(default=500, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    fused: bool | None = Field(
+        default=None, description="torch's fused AdamW kernel (None: on CUDA, off on CPU)"
+    )
+
+
+class DataConfig(Strict):
+    manifest_version: int | None = Field(
+        default=None, description="snapshot to train on (None: the one manifest.json names at start)"
+    )
+    seed: int = 0
+    num_workers: int = Field(default=1, ge=0)
+    interleave: int = Field(default=1, ge=1)
+    on_shard_failure: Literal["fail", "quarantine"] = "fail"
+    meta_root: Path | None = Field(
+        default=None,
+        description="processed layout holding meta/<clip>.npz (default paths.data_root); read only for "
+        "cache samples that do not carry world_to_clip / world_to_view / ground_z",
+    )
+    on_missing_meta: Literal["error", "skip_masking"] = "error"
+    text_table: Path | None = Field(
+        default=None, description="default <data_root>/text_table_gc25d.pt (synthetic table if absent)"
+    )
+
+
+class DropoutConfig(Strict):
+    """SPEC §7 per-sample dropouts (masking.py)."""
+
+    enabled: bool = True
+    text: float = Field(default=0.1, ge=0, le=1)
+    cond: float = Field(default=0.05, ge=0, le=1)
+    unknown_mask: float = Field(default=0.5, ge=0, le=1)
+
+
+class ValConfig(Strict):
+    every: int = Field(default=500, ge=1)
+    num_clips: int = Field(default=16, ge=1)
+    timesteps: tuple[float, ...] = (200.0, 500.0, 800.0)
+    seed: int = 0
+
+
+class ZeroConfig(Strict):
+    stage: Literal[2] = 2
+    via: Literal["accelerate", "deepspeed"] = Field(
+        default="accelerate",
+        description="accelerate's DeepSpeedPlugin (SPEC §7) or deepspeed.initialize directly (the same "
+        "generated config; kept for the side-by-side measurement, docs/decisions.md)",
+    )
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    use_multi_rank_bucket_allreduce: bool = Field(
+        default=True,
+        description="DeepSpeed's default: all-reduce whole gradient buckets; false = reduce each slice "
+        "to its owner (half the bytes; the 2-GPU profile spends 10-25 %% of kernel time in all-reduce)",
+    )
+
+
+class FsdpConfig(Strict):
+    """FSDP1 (SPEC §8 stage 3: FULL_SHARD), one unit per transformer block."""
+
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"] = "FULL_SHARD"
+    block_classes: tuple[str, ...] = ("GcDiTBlock",)
+    forward_prefetch: bool = True
+    shard_frozen: bool = Field(
+        default=True, description="shard frozen models (the real score) too; false replicates them"
+    )
+
+
+class EmaConfig(Strict):
+    """An fp32 shadow ``s ← d·s + (1 − d)·θ`` after each optimizer step from ``start_step`` on
+    (before it the shadow follows the weights)."""
+
+    enabled: bool = False
+    decay: float = Field(default=0.99, ge=0.0, le=1.0)
+    start_step: int = Field(default=200, ge=0)
+
+
+class ProfileConfig(Strict):
+    """torch.profiler over optimizer steps [start, start + steps) on rank 0 -> <run_dir>/profile/."""
+
+    start: int = Field(default=0, ge=0, description="first profiled step (0: off)")
+    steps: int = Field(default=2, ge=1)
+
+
+class StageConfig(Strict):
+    """What every training stage shares. ``export_every`` is the SPEC's ``save_every`` (the YAML
+    may use either name): it writes exports; the full state rotates every ``state_every``."""
+
+    engine: EngineKind = "zero2"
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    micro_batch: int = Field(default=1, ge=1)
+    grad_accum: int = Field(default=2, ge=1)
+    max_steps: int = Field(default=20000, ge=1)
+    export_every: int = Field(default=1000, ge=1, validation_alias=AliasChoices("export_every", "save_every"))
+    state_every: int = Field(default=500, ge=1)
+    state_slots: int = Field(default=2, ge=1)
+    log_every: int = Field(default=1, ge=1)
+    export_final: bool = True
+    state_final: bool = Field(
+        default=True, description="save the full state at the last step (benchmarks turn it off)"
+    )
+    deterministic: bool = False
+    seed: int = 0
+    data_tag: str = "v10"
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(init="random"))
+    optim: OptimConfig = OptimConfig()
+    data: DataConfig = DataConfig()
+    dropout: DropoutConfig = DropoutConfig()
+    val: ValConfig = ValConfig()
+    ema: EmaConfig = EmaConfig()
+    zero: ZeroConfig = ZeroConfig()
+    fsdp: FsdpConfig = FsdpConfig()
+    profile: ProfileConfig = ProfileConfig()
+
+
+class PickConfig(Strict):
+    """SPEC §10: the teacher = lowest mean cond val mse among steps ≥ min_step, latest within rel_tol."""
+
+    min_step: int = Field(default=6000, ge=0)
+    rel_tol: float = Field(default=0.005, ge=0.0)
+
+
+class SftConfig(StageConfig):
+    """SPEC §7 defaults (8 GPU × micro 1 × GA 2 = 16)."""
+
+    pick: PickConfig = PickConfig()

@@ -1,0 +1,232 @@
+"""The training loop every stage shares: run folder, determinism, resume, cadences, reporting.
+
+A stage subclasses ``StageRun`` and writes its math: ``build`` (models, engines, data), ``train_step``
+(one optimizer step, returning its record), ``validate``, ``export``, ``state_parts``. The loop does the
+rest the same way for every stage::
+
+    <run_dir>/config.yaml               the resolved run config (one per run folder)
+    <run_dir>/deepspeed.json, accelerate.yaml   the engine's generated configs (relaunch by hand)
+    <run_dir>/exports/step-001000*.safetensors  exports (export_every, and the last step)
+    <run_dir>/state/step-000500/        rotating full state (train.state), exactly state_slots kept
+    <run_dir>/metrics.jsonl  val.jsonl  train / validation records (rank 0)
+    <run_dir>/done.json                 written when max_steps is reached
+    <run_dir>/final.json                the hand-off to the next stage (train.handoff)
+
+Resume is the default: the newest complete state restores every part and the logs past its step are
+dropped; ``fresh`` deletes state, exports and logs first. A fault hook (``GC25D_FAULT``) can kill a
+rank at a chosen step, which the resume tests use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from gc25d_core.atomic import atomic_write_text
+from gc25d_core.checkpoint import step_name
+from gc25d_core.config import Gc25dConfig, to_yaml
+from gc25d_core.distributed import barrier, global_rank, world_size
+from gc25d_core.faults import maybe_inject_fault
+from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
+from gc25d_core.report import Reporter
+from gc25d_core.train.config import StageConfig
+from gc25d_core.train.engine import Engine
+from gc25d_core.train.metrics import JsonlLog, StepProfiler
+from gc25d_core.train.model import pick_device, resolve_precision, set_determinism
+from gc25d_core.train.state import ResumePoint, RunState, Stateful
+
+LOG_FILES = ("metrics.jsonl", "val.jsonl")
+
+
+class StageRun:
+    """One stage's run in ``run_dir``; every rank constructs it inside an initialised process group."""
+
+    name: ClassVar[str]  # the stage: "sft", "stage1_tf", ...
+    engine: Engine
+
+    def __init__(
+        self, cfg: Gc25dConfig, section: StageConfig, run_dir: Path, reporter: Reporter, *, fresh=False
+    ):
+        self.cfg, self.section = cfg, section
+        self.run_dir = Path(run_dir)
+        self.rep = reporter
+        self.rank, self.world = global_rank(), world_size()
+        self.fresh = fresh
+        self.schedule: FlowSchedule = WAN_SCHEDULE
+        self.device = pick_device(cfg)
+        self.precision = resolve_precision(section, self.device)
+        self.state = RunState(self.run_dir / "state", section.state_slots)
+        self.export_dir = self.run_dir / "exports"
+        self.metrics = JsonlLog(self.run_dir / "metrics.jsonl", self.rank == 0)
+        self.val_log = JsonlLog(self.run_dir / "val.jsonl", self.rank == 0)
+
+    # -- what a stage writes ----------------------------------------------------------------------
+
+    def build(self, resume: ResumePoint) -> None:
+        """Models, engine(s), data (the cursor in ``resume.data``), validation clips."""
+        raise NotImplementedError
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Optimizer step ``step`` (1-based); returns its record (reduced over ranks)."""
+        raise NotImplementedError
+
+    def validate(self, step: int) -> dict[str, float] | None:
+        """Validation record, or None when the stage has nothing to validate on."""
+        return None
+
+    def export(self, step: int) -> list[Path]:
+        """Collective: write this step's exports; returns their paths."""
+        raise NotImplementedError
+
+    def state_parts(self) -> dict[str, Stateful]:
+        raise NotImplementedError
+
+    def data_state(self) -> dict[str, Any]:
+        """Collective: the data cursor of every rank."""
+        raise NotImplementedError
+
+    def state_meta(self) -> dict[str, Any]:
+        """What ``trainer.json`` records beside the step (the stage adds epoch, snapshot, ...)."""
+        return {
+            "stage": self.name,
+            "engine": self.section.engine,
+            "precision": self.precision,
+            "world_size": self.world,
+            "micro_batch": self.section.micro_batch,
+            "grad_accum": self.section.grad_accum,
+            "seed": self.section.seed,
+        }
+
+    def describe(self) -> str:
+        return ""
+
+    def summary(self) -> dict[str, Any]:
+        """The stage's entries of the final summary (snapshot, ...)."""
+        return {}
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _prepare_run_dir(self) -> None:
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.fresh:
+                for name in ("state", "exports"):
+                    shutil.rmtree(self.run_dir / name, ignore_errors=True)
+                for name in (*LOG_FILES, "done.json", "final.json"):
+                    (self.run_dir / name).unlink(missing_ok=True)
+            self.state.clean()
+            self.export_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.run_dir / "config.yaml", to_yaml(self.cfg))
+        barrier()
+
+    def _write_engine_configs(self) -> None:
+        if self.rank == 0:
+            for name, text in self.engine.config_files().items():
+                atomic_write_text(self.run_dir / name, text)
+
+    def save_state(self, step: int) -> Path:
+        return self.state.save(step, self.state_parts(), self.state_meta(), self.data_state())
+
+    def _resume(self) -> ResumePoint:
+        # the base meta: what a slot must match (the stage's additions need its built parts)
+        return self.state.resume_point(StageRun.state_meta(self), fresh=self.fresh)
+
+    def run(self, max_steps: int | None = None) -> dict[str, Any]:
+        sec = self.section
+        set_determinism(sec.deterministic, sec.seed + self.rank)
+        if sec.deterministic and sec.data.num_workers > 1:
+            self.rep.log(
+                "deterministic mode with num_workers > 1: a resumed run may see samples in another order",
+                level="warning",
+            )
+        self._prepare_run_dir()
+        point = self._resume()
+        self.build(point)
+        self._write_engine_configs()
+        if point.folder is not None:
+            self.state.load(point, self.state_parts())
+            if self.rank == 0:
+                for log in (self.metrics, self.val_log):
+                    log.truncate_after(point.step)
+            self.rep.log(f"resumed from {point.folder} (step {point.step})")
+        start_step = point.step
+        target = sec.max_steps if max_steps is None else max_steps
+        progress = self.rep.progress(total=target, unit="steps", every_s=10.0)
+        progress.done = start_step
+        samples_per_step = sec.micro_batch * sec.grad_accum * self.world
+        self.rep.log(
+            f"{self.name} {sec.engine} {self.precision} on {self.world} x {self.device.type}: steps "
+            f"{start_step} -> {target}, {samples_per_step} clips/step{self.describe()}"
+        )
+        last_val: dict[str, float] = {}
+        train_s, step = 0.0, start_step
+        profiler = StepProfiler(sec.profile, self.run_dir / "profile", self.rank == 0)
+        while step < target:
+            maybe_inject_fault(step + 1, self.rep.retry_number)
+            profiler.before(step + 1)
+            t0 = time.perf_counter()
+            record = self.train_step(step + 1)
+            step += 1
+            profiler.after(step)
+            dt = time.perf_counter() - t0
+            train_s += dt
+            progress.update(1)
+            final = step == target
+            if step % sec.log_every == 0 or final:
+                rate = (step - start_step) / train_s if train_s > 0 else 0.0
+                record.update(
+                    step=step,
+                    step_s=dt,
+                    samples_per_s=samples_per_step / dt if dt > 0 else 0.0,
+                    eta_s=(target - step) / rate if rate > 0 else float("nan"),
+                )
+                if self.device.type == "cuda":
+                    record["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                self.metrics.append(record)
+                self.rep.metrics(step=step, **{k: v for k, v in record.items() if k != "step"})
+            if step % sec.val.every == 0 or final:
+                val = self.validate(step)
+                if val is not None:
+                    last_val = val
+                    self.val_log.append({"step": step, **val})
+                    self.rep.metrics(step=step, **{f"val_{k}": v for k, v in val.items()})
+            if step % sec.export_every == 0 or (final and sec.export_final):
+                self.export(step)
+            if step % sec.state_every == 0 or (final and sec.state_final):
+                self.save_state(step)
+        return self._finish(start_step, step, target, last_val)
+
+    def _finish(self, start_step: int, step: int, target: int, last_val: dict[str, float]) -> dict[str, Any]:
+        from gc25d_core.train.handoff import write_handoff
+
+        exports = sorted(p.name for p in self.export_dir.glob("step-*.safetensors"))
+        summary: dict[str, Any] = {
+            "stage": self.name,
+            "run_dir": str(self.run_dir),
+            "final_step": step,
+            "target_step": target,
+            "max_steps": self.section.max_steps,
+            "resumed_from_step": start_step,
+            "engine": self.section.engine,
+            "precision": self.precision,
+            "world_size": self.world,
+            "exports": exports,
+            "state_slots": [step_name(s) for s in self.state.steps()],
+            "last_val": last_val,
+            **self.summary(),
+        }
+        if self.rank == 0 and step >= self.section.max_steps:
+            atomic_write_text(self.run_dir / "done.json", json.dumps(summary, sort_keys=True, indent=1))
+            write_handoff(self.run_dir, self.name, step, self.export_dir)
+        barrier()
+        digest = hashlib.sha256(
+            json.dumps([step, exports, summary.get("manifest_sha256")]).encode()
+        ).hexdigest()
+        self.rep.materialize(summary, data_version=digest[:16])
+        return summary

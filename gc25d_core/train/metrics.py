@@ -1,0 +1,98 @@
+"""Step records: JSON-lines logs (rank 0), sums over micro-batches and ranks in one host sync, the
+step profiler."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gc25d_core.atomic import atomic_write_text
+from gc25d_core.distributed import all_reduce
+from gc25d_core.train.config import ProfileConfig
+
+
+class JsonlLog:
+    """Append-only JSON lines (rank 0); ``truncate_after(step)`` drops records a resume will redo."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+                f.flush()
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        if self.enabled and self.path.is_file():
+            kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
+            atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+
+class StepSums:
+    """Per-step sums: device values stay on the device (one host sync per step, in ``reduce``),
+    host values on the host; ``reduce`` all-reduces both over the ranks in one collective."""
+
+    def __init__(self, device_keys: Sequence[str], host_keys: Sequence[str], device: torch.device):
+        self.device_keys, self.host_keys, self.device = tuple(device_keys), tuple(host_keys), device
+        self.on_device = torch.zeros(len(self.device_keys), dtype=torch.float64, device=device)
+        self.on_host = np.zeros(len(self.host_keys))
+
+    def add_device(self, values: Sequence[torch.Tensor]) -> None:
+        self.on_device += torch.stack([v.detach().reshape(()).to(torch.float64) for v in values]).to(
+            self.on_device
+        )
+
+    def add_host(self, values: Sequence[float]) -> None:
+        self.on_host += np.asarray(values, dtype=np.float64)
+
+    def reduce(self) -> dict[str, float]:
+        flat = self.on_device.tolist() + self.on_host.tolist()
+        return dict(zip(self.device_keys + self.host_keys, all_reduce(flat, self.device), strict=True))
+
+
+class StepProfiler:
+    """torch.profiler over optimizer steps [start, start + steps) on rank 0: writes the kernel table
+    (``ops.txt``, by device time), a Chrome trace and the GPU's busy time and idle gaps over the
+    window (``gpu_busy.json``, train.gpu_trace) to ``folder``. Inactive when start is 0."""
+
+    def __init__(self, cfg: ProfileConfig, folder: Path, enabled: bool):
+        self.first, self.last = cfg.start, cfg.start + cfg.steps - 1
+        self.folder, self.enabled = folder, enabled and cfg.start > 0
+        self.prof: Any = None
+
+    def before(self, step: int) -> None:
+        if self.enabled and step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=acts, record_shapes=False)
+            self.prof.start()
+
+    def after(self, step: int) -> None:
+        if self.prof is None or step != self.last:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.prof.stop()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        table = self.prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+        atomic_write_text(self.folder / "ops.txt", table)
+        trace = self.folder / "trace.json"
+        self.prof.export_chrome_trace(str(trace))
+        self.prof = None
+        from gc25d_core.train.gpu_trace import busy_summary, device_intervals
+
+        busy = busy_summary(device_intervals(json.loads(trace.read_text())))
+        atomic_write_text(self.folder / "gpu_busy.json", json.dumps(busy, indent=1))

@@ -1,0 +1,118 @@
+"""Building a stage's GcDiT: the device and precision of the run, the init (random, Wan2.2, export)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Literal, cast
+
+import numpy as np
+import torch
+
+from gc25d_core.config import Gc25dConfig
+from gc25d_core.train.config import ModelConfig, StageConfig
+
+
+def pick_device(cfg: Gc25dConfig) -> torch.device:
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("config device=cuda but CUDA is not available (use the tiny preset on CPU)")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def resolve_precision(stage: StageConfig, device: torch.device) -> Literal["bf16", "fp32"]:
+    if stage.precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return stage.precision
+
+
+def set_determinism(enabled: bool, seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+
+def dit_config_of(cfg: Gc25dConfig, model: ModelConfig):
+    from gc25d_core.models.configs import full_config, tiny_config
+
+    make = tiny_config if model.preset == "tiny" else full_config
+    return make(vocab=cfg.vocab, **model.overrides)
+
+
+def init_export(m: ModelConfig) -> tuple[Path, str | None]:
+    """The export an ``export`` / ``handoff`` init reads, and the SHA256 it must have."""
+    if m.init == "handoff":
+        from gc25d_core.train.handoff import read_handoff
+
+        assert m.handoff is not None
+        return read_handoff(m.handoff).pick(m.handoff_export)
+    assert m.export_path is not None
+    return m.export_path, m.export_sha256
+
+
+def build_model(cfg: Gc25dConfig, m: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """The init: random (seeded, same on every rank), Wan2.2 shards + fresh gc_sem_cond, or an export."""
+    from gc25d_core.models.configs import build_gcdit
+
+    dit_cfg = dit_config_of(cfg, m)
+    if m.init == "random":
+        with torch.random.fork_rng(devices=[]):  # the caller's CPU generator state is kept
+            torch.manual_seed(m.init_seed)
+            model = build_gcdit(dit_cfg, device=device, dtype=dtype)
+    elif m.init == "wan":
+        from gc25d_core.models.loading import build_gcdit_from_wan, wan_shard_paths
+
+        assert m.wan_dir is not None
+        model = build_gcdit_from_wan(
+            wan_shard_paths(m.wan_dir),
+            expected_sha256=m.wan_sha256,
+            cfg=dit_cfg,
+            device=device,
+            dtype=dtype,
+            seed=m.init_seed,
+        )
+    else:
+        from gc25d_core.models.loading import load_gc_weights
+
+        path, sha = init_export(m)
+        model, meta = load_gc_weights(path, device=device, dtype=dtype, expected_sha256=sha)
+        if meta.dit_config.architecture() != dit_cfg.architecture():
+            raise ValueError(f"init export {path} is {meta.dit_config}, the config asks {dit_cfg}")
+    model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
+    model.check_sem_ids = False  # checked on the host: SampleTransform.prepare and load_val_clips
+    if m.attn_backend == "fa4":
+        from gc25d_core.models.fa4 import check_fa4
+
+        check_fa4(device)
+    model.attn_backend = m.attn_backend
+    if m.compile:
+        model.enable_compile()
+    return model.train()
+
+
+def param_groups(model: torch.nn.Module, lr: float, cond_lr: float | None) -> list[dict]:
+    """Two AdamW groups: the DiT at ``lr``, the semantic-condition encoder at ``cond_lr``."""
+    from gc25d_core.models.sem_cond import SEM_COND_NAME
+
+    def is_sem(name: str) -> bool:
+        # FSDP (use_orig_params) keeps the original names behind its wrapper prefixes
+        return name.replace("_fsdp_wrapped_module.", "").startswith(f"{SEM_COND_NAME}.")
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sem = [p for n, p in named if is_sem(n)]
+    dit = [p for n, p in named if not is_sem(n)]
+    if not sem:
+        raise ValueError(f"the model has no {SEM_COND_NAME}.* parameters")
+    return [{"params": dit, "lr": lr}, {"params": sem, "lr": lr if cond_lr is None else cond_lr}]
+
+
+def last_stats(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """GcDiT's sem_rms / x_rms of its last forward (``track_stats``)."""
+    return cast(dict[str, torch.Tensor], getattr(module, "last_stats", {}))

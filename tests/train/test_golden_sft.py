@@ -1,0 +1,63 @@
+"""Golden losses of the tiny SFT preset at world size 1, for the plain torch engine in this process
+and for the accelerate ZeRO-2 engine through ``torchrun --nproc_per_node=1`` (one GPU, or one CPU
+rank: a user with one device can train). The reference (golden_sft_tiny.json) was recorded before
+the training core was split into shared components; the refactor must reproduce it.
+
+Tolerance: relative 1e-6 on losses and validation, 1e-5 on the gradient norm (DeepSpeed sums the
+squared norms of its flat partition in another order than torch's clip_grad_norm_); the learning
+rates exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gc25d_core.report import StdoutReporter
+from gc25d_core.train.sft import run_sft
+from tests.train.resume_checks import launch, records
+from tests.train.world import sft_world, write_config
+
+GOLDEN = json.loads((Path(__file__).parent / "golden_sft_tiny.json").read_text())
+SFT = {"max_steps": 8, "state_every": 4, "save_every": 8, "val": {"every": 4, "num_clips": 2}}
+
+
+def _check(run: Path) -> None:
+    train, val = records(run / "metrics.jsonl"), records(run / "val.jsonl")
+    assert [r["step"] for r in train] == [g["step"] for g in GOLDEN["train"]]
+    for got, want in zip(train, GOLDEN["train"], strict=True):
+        for key in ("loss", "mse"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6), (got["step"], key)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5), got["step"]
+        assert got["lr"] == want["lr"]
+    assert [r["step"] for r in val] == [g["step"] for g in GOLDEN["val"]]
+    for got, want in zip(val, GOLDEN["val"], strict=True):
+        for key in ("cond_mse", "uncond_mse", "null_text_mse"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6), (got["step"], key)
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_torch_engine_in_process_reproduces_the_golden_curve(tmp_path, one_thread):
+    cfg = sft_world(tmp_path, {**SFT, "engine": "torch"})
+    run_sft(cfg, tmp_path / "run", StdoutReporter(rank=0))
+    _check(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_zero2_engine_on_one_rank_under_torchrun_reproduces_the_golden_curve(tmp_path):
+    cfg = sft_world(tmp_path, {**SFT, "engine": "zero2"})
+    config = write_config(cfg, tmp_path / "run.yaml")
+    argv = ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(tmp_path / "run")]
+    done = launch(argv, nproc=1)
+    assert done.returncode == 0, done.stderr[-4000:]
+    _check(tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "deepspeed.json").read_text())["train_batch_size"] == 2
