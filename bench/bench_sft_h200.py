@@ -41,7 +41,7 @@ ENV = "_env"  # a variant's environment additions (not an sft override)
 PROFILED_STEPS = 2
 COMPILED = {"gradient_checkpointing": False, "compile": True, "overrides": FUSED}  # v10's model (per token)
 CTAS_BUCKETS = {"reduce_bucket_size": 200_000_000}
-# variant name -> extra.sft overrides (+ ENV)
+# variant name -> sft section overrides (+ ENV)
 VARIANTS: dict[str, dict[str, Any]] = {
     "v10": {},  # configs/sft/v10.yaml as it stands
     "ckpt_all": {"model": {"gradient_checkpointing": True}},

@@ -2,7 +2,7 @@
 
 torchrun --nproc_per_node=8 -m gc25d_core.jobs.sft --config run.yaml --run-dir DIR [--max-steps N] [--fresh]
 
-The config is a resolved Gc25dConfig whose ``extra.sft`` section is ``SftConfig``
+The config is a resolved Gc25dConfig whose ``sft`` section is an ``SftConfig``
 (gc25d_core.train.sft; presets in configs/sft/).
 """
 

@@ -29,6 +29,7 @@ import datetime
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -194,8 +195,9 @@ class Engine(Protocol):
 
     def frozen(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
-    def config_files(self) -> dict[str, str]:
-        """File name -> text of the configs a user relaunches with (deepspeed.json, accelerate.yaml)."""
+    def config_files(self, run_dir: Path) -> dict[str, str]:
+        """File name in ``run_dir`` -> text of the configs a user relaunches with (deepspeed.json,
+        accelerate.yaml)."""
         ...
 
 
@@ -281,7 +283,7 @@ class TorchEngine:
     def frozen(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.eval().requires_grad_(False)
 
-    def config_files(self) -> dict[str, str]:
+    def config_files(self, run_dir: Path) -> dict[str, str]:
         return {}
 
 

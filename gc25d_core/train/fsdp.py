@@ -7,6 +7,7 @@ weights and optimizer state (same world size to resume)."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -172,7 +173,7 @@ class FsdpEngine:
             return model.to(torch.bfloat16 if self.precision == "bf16" else torch.float32)
         return self.wrap(model)
 
-    def config_files(self) -> dict[str, str]:
+    def config_files(self, run_dir: Path) -> dict[str, str]:
         kw = self.plugin_kwargs()
         return {
             "accelerate.yaml": _accelerate_yaml(

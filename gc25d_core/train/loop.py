@@ -127,7 +127,7 @@ class StageRun:
 
     def _write_engine_configs(self) -> None:
         if self.rank == 0:
-            for name, text in self.engine.config_files().items():
+            for name, text in self.engine.config_files(self.run_dir).items():
                 atomic_write_text(self.run_dir / name, text)
 
     def save_state(self, step: int) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,15 +151,13 @@ class Zero2Engine:
     def frozen(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.build_dtype).eval().requires_grad_(False)
 
-    def config_files(self) -> dict[str, str]:
+    def config_files(self, run_dir: Path) -> dict[str, str]:
         import json
 
+        ds_file = (run_dir / "deepspeed.json").resolve()
         return {
             "deepspeed.json": json.dumps(self.ds_config, indent=1),
             "accelerate.yaml": _accelerate_yaml(
-                {
-                    "distributed_type": "DEEPSPEED",
-                    "deepspeed_config": {"deepspeed_config_file": "deepspeed.json"},
-                }
+                {"distributed_type": "DEEPSPEED", "deepspeed_config": {"deepspeed_config_file": str(ds_file)}}
             ),
         }

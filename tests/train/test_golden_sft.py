@@ -61,3 +61,30 @@ def test_zero2_engine_on_one_rank_under_torchrun_reproduces_the_golden_curve(tmp
     assert done.returncode == 0, done.stderr[-4000:]
     _check(tmp_path / "run")
     assert json.loads((tmp_path / "run" / "deepspeed.json").read_text())["train_batch_size"] == 2
+
+
+@pytest.mark.slow
+def test_a_run_relaunched_by_hand_through_accelerate_launch_resumes(tmp_path):
+    """The generated accelerate.yaml is what ``accelerate launch --config_file`` takes: the same stage
+    relaunched that way resumes from the run folder's state."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.train.resume_checks import ROOT
+
+    cfg = sft_world(tmp_path, {**SFT, "engine": "zero2", "max_steps": 4, "state_every": 4})
+    config = write_config(cfg, tmp_path / "run.yaml")
+    run = tmp_path / "run"
+    first = launch(["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run)], nproc=1)
+    assert first.returncode == 0, first.stderr[-4000:]
+    accelerate = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["launch", "--config_file", str(run / "accelerate.yaml"), "-m", "gc25d_core.jobs.sft"]
+    args += ["--config", str(run / "config.yaml"), "--run-dir", str(run), "--max-steps", "6"]
+    again = subprocess.run(
+        [str(accelerate), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed from" in again.stdout and "(step 4)" in again.stdout
+    assert [r["step"] for r in records(run / "metrics.jsonl")] == list(range(1, 7))

@@ -177,7 +177,7 @@ def sft_world(
     latents: Literal["random", "from_ids"] = "random",
 ) -> Gc25dConfig:
     """Processed layout + published cache under ``root`` (one shard per run); returns the ``preset``
-    config with extra.sft = configs/sft/<preset>.yaml merged with ``sft``."""
+    config with its sft section = configs/sft/<preset>.yaml merged with ``sft``."""
     from gc25d_core.config import deep_merge
 
     base: dict[str, Any] = {
