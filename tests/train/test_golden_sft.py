@@ -21,6 +21,7 @@ from tests.train.resume_checks import launch, records
 from tests.train.world import sft_world, write_config
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_sft_tiny.json").read_text())
+SECTION = GOLDEN["section"]  # the tiny SFT preset as it was when the reference was recorded
 SFT = {"max_steps": 8, "state_every": 4, "save_every": 8, "val": {"every": 4, "num_clips": 2}}
 
 
@@ -47,14 +48,14 @@ def one_thread():
 
 
 def test_torch_engine_in_process_reproduces_the_golden_curve(tmp_path, one_thread):
-    cfg = sft_world(tmp_path, {**SFT, "engine": "torch"})
+    cfg = sft_world(tmp_path, {**SFT, "engine": "torch"}, section=SECTION)
     run_sft(cfg, tmp_path / "run", StdoutReporter(rank=0))
     _check(tmp_path / "run")
 
 
 @pytest.mark.slow
 def test_zero2_engine_on_one_rank_under_torchrun_reproduces_the_golden_curve(tmp_path):
-    cfg = sft_world(tmp_path, {**SFT, "engine": "zero2"})
+    cfg = sft_world(tmp_path, {**SFT, "engine": "zero2"}, section=SECTION)
     config = write_config(cfg, tmp_path / "run.yaml")
     argv = ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(tmp_path / "run")]
     done = launch(argv, nproc=1)

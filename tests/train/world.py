@@ -175,6 +175,7 @@ def sft_world(
     starts: tuple[int, ...] = STARTS,
     overrides: dict[str, Any] | None = None,
     latents: Literal["random", "from_ids"] = "random",
+    section: str | dict[str, Any] | None = None,
 ) -> Gc25dConfig:
     """Processed layout + published cache under ``root`` (one shard per run); returns the ``preset``
     config with its sft section = configs/sft/<preset>.yaml merged with ``sft``."""
@@ -189,7 +190,7 @@ def sft_world(
     cfg = load_config(preset, deep_merge(base, overrides or {}))
     write_clips(cfg, starts, latents)
     pack_and_publish(cfg)
-    return with_sft(cfg, preset, sft)
+    return with_sft(cfg, preset if section is None else section, sft)
 
 
 def write_config(cfg: Gc25dConfig, path: Path) -> Path:
