@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 import gc25d_core.config as config_module
-import gc25d_core.train.sft as sft_module
+import gc25d_core.train.presets as presets_module
 from gc25d_core.cache.manifest import shard_paths
 from gc25d_core.config import CONFIGS_DIR, ConfigError, load_config, write_resolved
 from gc25d_core.layout import clip_id, parse_clip_id
@@ -111,7 +111,7 @@ def test_sft_preset_symlink_escaping_configs_sft_is_refused(tmp_path, monkeypatc
     outside = _outside_sft_preset(tmp_path)
     (tmp_path / "configs" / "sft").mkdir(parents=True)
     (tmp_path / "configs" / "sft" / "evil.yaml").symlink_to(outside)
-    monkeypatch.setattr(sft_module, "CONFIGS_DIR", tmp_path / "configs")
+    monkeypatch.setattr(presets_module, "CONFIGS_DIR", tmp_path / "configs")
     with pytest.raises(ConfigError, match=r"sft_preset='evil': .* outside"):
         with_sft(load_config("tiny"), "evil")
 

@@ -1,55 +1,155 @@
 """SFT through Dagster: the per-snapshot sft asset launches the real 2-rank torchrun job, reports once,
-and sft_teacher applies the SPEC §10 pick to its run folder."""
+sft_teacher applies the SPEC §10 pick to its run folder and writes teacher.json, and a stage asset
+built with init_from=(sft_teacher, "teacher.json", "export") starts from the picked export."""
 
+from __future__ import annotations
+
+import json
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import torch
 
+from gc25d_core.config import config_from_yaml
+from gc25d_core.hashing import sha256_file
+from gc25d_core.models.export import export_state_dict, read_export
+from gc25d_core.train.handoff import TEACHER, read_handoff
+from gc25d_core.train.model import build_model
+from gc25d_core.train.sft import sft_config, with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.train.assets import sft, sft_teacher
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+from gc25d_pipeline.lib.stage_assets import stage_asset
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
 from .train.world import VAL_RUN, sft_world
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
+SFT_STEPS, FINETUNE_STEPS = 10, 2
+
+# the downstream stage of the test: SFT itself, fine-tuning the picked teacher (a real 2-step run)
+sft_finetune = stage_asset("sft_finetune", "sft", init_from=(sft_teacher, TEACHER, "export"))
 
 
-def test_sft_and_teacher_per_snapshot(tmp_path, monkeypatch):
-    monkeypatch.setenv(
-        "TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache/torch_extensions"))
-    )
-    sft_world(tmp_path)  # processed clips + published snapshot v000001 under tmp_path
-    project = Gc25dProject(
-        preset="tiny",
-        overrides=[
-            f"cache.store={tmp_path / 'cache'}",
-            "cache.samples_per_shard=2",
-            f"index.val_runs=[{VAL_RUN}]",
-        ],
-        store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")),
-    )
-    resources = {"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)}
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
-        result = dg.materialize(
-            [cache_snapshot, sft, sft_teacher],
-            partition_key="v000001",
-            instance=instance,
-            resources=resources,
-            run_config={
-                "ops": {"sft": {"config": {"max_steps": 10}}, "sft_teacher": {"config": {"min_step": 0}}}
-            },
+@dataclass
+class TrainedSnapshot:
+    root: Path
+    project: Gc25dProject
+    resources: dict
+    instance: dg.DagsterInstance
+    result: dg.ExecuteInProcessResult
+
+    @property
+    def sft_dir(self) -> Path:
+        return self.root / "runs" / "sft" / "v000001"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Iterator[TrainedSnapshot]:
+    """cache_snapshot → sft (10 steps, 2 ranks) → sft_teacher on v000001, once for this module."""
+    root = tmp_path_factory.mktemp("sft_pipeline")
+    with pytest.MonkeyPatch.context() as mp:
+        # the ranks compile DeepSpeed's CPU Adam once; keep the shared cache if one is set
+        mp.setenv(
+            "TORCH_EXTENSIONS_DIR",
+            os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache/torch_extensions")),
         )
-        assert result.success
-        sft_mats = result.asset_materializations_for_node("sft")
-        assert len(sft_mats) == 1  # rank 0 only
-        md = sft_mats[0].metadata
-        assert md["snapshot"].value == "v000001" and md["world_size"].value == 2
-        teacher = result.asset_materializations_for_node("sft_teacher")[0].metadata
-        assert teacher["step"].value in (10,) and Path(teacher["export"].value).is_file()
-        run_dir = tmp_path / "runs" / "sft" / "v000001"
-        assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["step-000010.safetensors"]
+        sft_world(root)  # processed clips + published snapshot v000001 under root
+        project = Gc25dProject(
+            preset="tiny",
+            overrides=[
+                f"cache.store={root / 'cache'}",
+                "cache.samples_per_shard=2",
+                f"index.val_runs=[{VAL_RUN}]",
+            ],
+            store=ArtifactStore(data_root=str(root / "data"), runs_root=str(root / "runs")),
+        )
+        resources = {"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)}
+        with dg.instance_for_test() as instance:
+            instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
+            result = dg.materialize(
+                [cache_snapshot, sft, sft_teacher],
+                partition_key="v000001",
+                instance=instance,
+                resources=resources,
+                run_config={
+                    "ops": {
+                        "sft": {"config": {"max_steps": SFT_STEPS}},
+                        "sft_teacher": {"config": {"min_step": 0}},
+                    }
+                },
+            )
+            yield TrainedSnapshot(root, project, resources, instance, result)
+
+
+def _metrics(run_dir: Path) -> dict[int, dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {rec["step"]: rec for rec in map(json.loads, filter(None, lines))}
+
+
+def test_sft_and_teacher_per_snapshot(trained):
+    assert trained.result.success
+    sft_mats = trained.result.asset_materializations_for_node("sft")
+    assert len(sft_mats) == 1  # rank 0 only
+    md = sft_mats[0].metadata
+    assert md["snapshot"].value == "v000001" and md["world_size"].value == 2
+    run_dir = trained.sft_dir
+    assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["step-000010.safetensors"]
+
+    # the pick is handed off as teacher.json in the SFT run folder, naming the export and its hash
+    teacher = trained.result.asset_materializations_for_node("sft_teacher")[0].metadata
+    handoff = read_handoff(run_dir / TEACHER)
+    export = (run_dir / "exports" / "step-000010.safetensors").resolve()
+    assert (handoff.stage, handoff.step, handoff.export) == ("sft", SFT_STEPS, export)
+    assert handoff.sha256 == sha256_file(export)
+    assert teacher["handoff"].value == str(run_dir / TEACHER)
+    assert (teacher["step"].value, teacher["export"].value) == (SFT_STEPS, str(export))
+    assert teacher["sha256"].value == handoff.sha256
+
+
+def test_stage_initialised_from_the_teacher_handoff(trained):
+    assert trained.result.success
+    result = dg.materialize(
+        [sft_finetune],
+        partition_key="v000001",
+        instance=trained.instance,
+        resources=trained.resources,
+        run_config={"ops": {"sft_finetune": {"config": {"max_steps": FINETUNE_STEPS}}}},
+    )
+    assert result.success
+    run_dir = trained.root / "runs" / "sft_finetune" / "v000001"
+    teacher_json = trained.sft_dir / TEACHER
+    md = result.asset_materializations_for_node("sft_finetune")[0].metadata
+    assert md["init_handoff"].value == str(teacher_json)
+
+    # the resolved config in its own run folder points at the hand-off file, nothing re-derived
+    model = sft_config(config_from_yaml(run_dir / "config.yaml")).model
+    assert (model.init, model.handoff, model.handoff_export) == ("handoff", teacher_json, "export")
+
+    # step 1 draws the same batch, t and noise as SFT's step 1 (same seed, data, snapshot): from a
+    # random init its record would be SFT's step-1 record exactly (deterministic tiny preset)
+    sft_step1, ft_step1 = _metrics(trained.sft_dir)[1], _metrics(run_dir)[1]
+    assert ft_step1["t_mean"] == sft_step1["t_mean"]  # the same draws
+    # 10 tiny SFT steps lower this batch's loss by a few per cent, well above run-to-run noise (none)
+    assert ft_step1["loss"] < (1 - 1e-3) * sft_step1["loss"], (ft_step1["loss"], sft_step1["loss"])
+    # the random init's condition encoder starts at zero output (sem_rms 0); the teacher's does not
+    assert sft_step1["sem_rms"] == 0.0 and ft_step1["sem_rms"] > 0.0
+
+    # its export after 2 small warm-up steps lies next to the teacher, far from the random init
+    cfg = with_sft(trained.project.config(), "tiny")
+    random_init = export_state_dict(
+        build_model(cfg, sft_config(cfg).model, torch.device("cpu"), torch.float32)
+    )
+    teacher, _ = read_export(read_handoff(teacher_json).export)
+    tuned, _ = read_export(run_dir / "exports" / f"step-{FINETUNE_STEPS:06d}.safetensors")
+
+    def sq_dist(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        return sum(float((a[k].float() - b[k].float()).pow(2).sum()) for k in a)
+
+    to_teacher, to_random = sq_dist(tuned, teacher), sq_dist(tuned, random_init)
+    assert to_teacher < 0.1 * to_random, (to_teacher, to_random)

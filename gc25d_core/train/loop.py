@@ -37,6 +37,7 @@ from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.report import Reporter
 from gc25d_core.train.config import StageConfig
 from gc25d_core.train.engine import Engine
+from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_core.train.metrics import JsonlLog, StepProfiler
 from gc25d_core.train.model import pick_device, resolve_precision, set_determinism
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
@@ -118,7 +119,8 @@ class StageRun:
             if self.fresh:
                 for name in ("state", "exports"):
                     shutil.rmtree(self.run_dir / name, ignore_errors=True)
-                for name in (*LOG_FILES, "done.json", "final.json"):
+                # a fresh run invalidates its hand-offs: the next stage must not start from them
+                for name in (*LOG_FILES, "done.json", FINAL, TEACHER):
                     (self.run_dir / name).unlink(missing_ok=True)
             self.state.clean()
             self.export_dir.mkdir(parents=True, exist_ok=True)

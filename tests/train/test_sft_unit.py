@@ -15,6 +15,7 @@ from gc25d_core.text import NULL_KEY
 from gc25d_core.train.config import DropoutConfig, ProfileConfig, SftConfig
 from gc25d_core.train.data import SampleTransform, prompt_keys
 from gc25d_core.train.engine import deepspeed_config, lr_lambda
+from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_core.train.inputs import cell_mse, ti2v_inputs
 from gc25d_core.train.metrics import StepProfiler
 from gc25d_core.train.sft import run_sft, sft_config, with_sft
@@ -220,9 +221,13 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     assert a["scheduler"] == b["scheduler"]
     again = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0))  # nothing left to do
     assert again["resumed_from_step"] == 6 and again["final_step"] == 6
+    assert (tmp_path / "part" / FINAL).is_file()
+    (tmp_path / "part" / TEACHER).write_text("{}")  # as sft_teacher leaves it
     fresh = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0), max_steps=1, fresh=True)
     assert fresh["resumed_from_step"] == 0 and fresh["state_slots"] == ["step-000001"]
     assert fresh["exports"] == ["step-000001.safetensors"]
+    # the old hand-offs name exports a fresh run deleted: gone, so no next stage starts from them
+    assert not (tmp_path / "part" / FINAL).exists() and not (tmp_path / "part" / TEACHER).exists()
 
 
 def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tmp_path):

@@ -1,65 +1,56 @@
 """SPEC §7 SFT teacher per training-cache snapshot, and the §10 pick rule.
 
-``sft`` is a torchrun job (accelerate-free DeepSpeed ZeRO-2, see gc25d_core.train.sft) whose run
-folder is fixed per snapshot partition, so a retry, a re-execution or a relaunch resumes from the
-latest rotating state; ``fresh`` starts over. ``sft_teacher`` applies the pick rule to that folder.
+``sft`` is a stage asset (gc25d_pipeline.lib.stage_assets): a torchrun job (DeepSpeed ZeRO-2
+through accelerate, see gc25d_core.train.sft) whose run folder is fixed per snapshot partition, so a
+retry, a re-execution or a relaunch resumes from the latest rotating state. ``sft_teacher`` applies
+the pick rule to that folder and writes the pick as ``teacher.json`` there: the hand-off the next
+stage's ``init_from`` reads.
 """
 
 import dagster as dg
+from pydantic import Field
 
 from gc25d_core.config import config_from_yaml
+from gc25d_core.train.handoff import TEACHER, handoff_of, write_handoff_file
 from gc25d_core.train.pick import PickError, pick_sft_run
-from gc25d_core.train.sft import sft_config, with_sft
-from gc25d_pipeline.defs.cache.assets import cache_snapshot, snapshot_version
+from gc25d_core.train.sft import sft_config
+from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, run_folder_of, stage_asset
 
-
-class SftRunConfig(dg.Config):
-    # a name (gc25d_core.names) for configs/sft/<name>.yaml; empty = the project preset's (tiny / v10)
-    sft_preset: str = ""
-    max_steps: int = 0  # 0 = the preset's max_steps
-    fresh: bool = False
+sft = stage_asset(
+    "sft",
+    "sft",
+    deps=[cache_snapshot],
+    kinds=("torch", "deepspeed"),
+    description="Train (or resume) the bidirectional teacher on this snapshot; progress streams to the run log.",
+)
 
 
 class SftTeacherConfig(dg.Config):
-    min_step: int | None = None  # None: the SFT run's own sft.pick settings (SPEC: 6000, 0.5 %)
-    rel_tol: float | None = None
+    min_step: int | None = Field(
+        default=None, description="None: the SFT run's own sft.pick.min_step (SPEC: 6000)"
+    )
+    rel_tol: float | None = Field(
+        default=None, description="None: the SFT run's own sft.pick.rel_tol (SPEC: 0.5 %)"
+    )
 
 
 @dg.asset(
     group_name="train",
     partitions_def=cache_snapshots,
-    deps=[cache_snapshot],
-    kinds={"torch", "deepspeed"},
-    pool="gpu",
-    retry_policy=dg.RetryPolicy(max_retries=3, delay=60, backoff=dg.Backoff.EXPONENTIAL),
-    tags={"gpu": "true"},
+    deps=[sft],
+    kinds={"python"},
+    # teacher.json lives in the sft run folder it picks from: init_from=(sft_teacher, ...) reads it there
+    metadata={RUN_FOLDER_KEY: run_folder_of(sft)},
 )
-def sft(
-    context: dg.AssetExecutionContext, config: SftRunConfig, project: Gc25dProject, torchrun: TorchrunLauncher
-) -> dg.MaterializeResult:
-    """Train (or resume) the bidirectional teacher on this snapshot; progress streams to the run log."""
-    base = project.config()
-    cfg = with_sft(
-        base,
-        config.sft_preset or base.name,
-        {"data": {"manifest_version": snapshot_version(context.partition_key)}},
-    )
-    args = (["--max-steps", str(config.max_steps)] if config.max_steps else []) + (
-        ["--fresh"] if config.fresh else []
-    )
-    run_dir = project.run_dir(cfg, "sft", context)
-    return torchrun.launch(context, "gc25d_core.jobs.sft", cfg, run_dir, args).get_materialize_result()
-
-
-@dg.asset(group_name="train", partitions_def=cache_snapshots, deps=[sft], kinds={"python"})
 def sft_teacher(
     context: dg.AssetExecutionContext, config: SftTeacherConfig, project: Gc25dProject
 ) -> dg.MaterializeResult:
-    """SPEC §10: lowest mean cond val mse among steps ≥ min_step, the latest within rel_tol of it."""
-    run_dir = project.run_dir(project.config(), "sft", context)
+    """SPEC §10: lowest mean cond val mse among steps ≥ min_step, the latest within rel_tol of it;
+    written to <sft run folder>/teacher.json for the next stage."""
+    run_dir = project.run_dir(project.config(), run_folder_of(sft), context)
     resolved = run_dir / "config.yaml"
     if not resolved.is_file():
         raise dg.Failure(f"{resolved} does not exist: materialize sft for {context.partition_key} first")
@@ -70,7 +61,18 @@ def sft_teacher(
         pick = pick_sft_run(run_dir, min_step=min_step, rel_tol=rel_tol)
     except PickError as e:
         raise dg.Failure(f"no SFT teacher can be picked in {run_dir}: {e}") from None
+    assert pick.path is not None  # pick_sft_run always names the export
+    ema = pick.path.parent / "ema" / pick.path.name  # the step's EMA export, where SFT keeps one
+    handoff = handoff_of("sft", pick.step, pick.path, ema if ema.is_file() else None)
+    teacher = write_handoff_file(run_dir / TEACHER, handoff)
+    pick_md = {k: v for k, v in pick.metadata().items() if k != "path"}  # the export is in handoff
     return dg.MaterializeResult(
-        metadata={**pick.metadata(), "export": dg.MetadataValue.path(str(pick.path))},
-        data_version=dg.DataVersion(f"step-{pick.step}"),
+        metadata={
+            **pick_md,
+            "handoff": dg.MetadataValue.path(str(teacher)),
+            "export": dg.MetadataValue.path(str(handoff.export)),
+            "sha256": handoff.sha256,
+        },
+        # the export's hash: a re-trained run that exports the same step is a new teacher
+        data_version=dg.DataVersion(f"step-{pick.step}-{handoff.sha256[:16]}"),
     )

@@ -1,0 +1,203 @@
+"""Factory of per-snapshot training-stage assets: each launches one torchrun job of a gc25d_core stage.
+
+A stage asset resolves the project config, fills the stage's section from
+``configs/<stage>/<preset>.yaml`` (``gc25d_core.train.presets.with_stage``), pins
+``data.manifest_version`` to the snapshot of its partition and launches
+``python -m gc25d_core.jobs.<stage>`` into ``<runs_root>/<asset name>/<partition>``. That folder is
+fixed per (asset, partition), so a retry, a re-execution or a relaunch resumes from the job's latest
+state; ``fresh`` starts over.
+
+``init_from`` chains stages through hand-off files (``gc25d_core.train.handoff``): the upstream
+asset's run folder for the same partition holds ``teacher.json`` (the SFT pick) or ``final.json``
+(a stage's last export); the factory points the stage's ``model.handoff`` at that file and the job
+reads the export it names, checking its SHA256. Nothing about the upstream run is re-derived here.
+"""
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import dagster as dg
+from pydantic import Field
+
+from gc25d_core.cache.manifest import parse_snapshot_id
+from gc25d_core.config import Gc25dConfig
+from gc25d_core.names import InvalidNameError, check_name
+from gc25d_core.schema import ConfigError
+from gc25d_core.train.handoff import read_handoff
+from gc25d_core.train.presets import STAGES, with_stage
+from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.project import Gc25dProject
+from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+
+# Definition metadata naming the run folder (under the runs root) an asset's files live in: a stage
+# asset's own name, or for sft_teacher the folder of the sft run it picks from. init_from reads it
+# to find the upstream hand-off file.
+RUN_FOLDER_KEY = "gc25d/run_folder"
+
+# A failed rank (lost node, OOM, preemption) is worth retrying: the job resumes from its run folder.
+STAGE_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=60, backoff=dg.Backoff.EXPONENTIAL)
+
+
+class StageRunConfig(dg.Config):
+    """What a launch of a stage asset may change; everything else comes from the stage preset."""
+
+    stage_preset: str = Field(
+        default="",
+        description="configs/<stage>/<name>.yaml, a bare name (gc25d_core.names); empty: the project "
+        "preset's name (tiny / v10)",
+    )
+    max_steps: int = Field(
+        default=0, ge=0, description="stop at this optimizer step; 0: the stage preset's max_steps"
+    )
+    fresh: bool = Field(
+        default=False,
+        description="delete the run folder's state, exports and logs and start at step 0 (default: resume)",
+    )
+
+
+class HandoffSource(NamedTuple):
+    """Where a stage's initial weights come from: ``file`` in ``asset``'s run folder, same partition."""
+
+    asset: dg.AssetsDefinition
+    file: str  # teacher.json (sft_teacher) or final.json (any stage)
+    export: Literal["export", "ema"] = "export"  # which export of the hand-off file
+
+
+def run_folder_of(asset: dg.AssetsDefinition) -> str:
+    """The run folder name ``asset`` declares in its definition metadata (RUN_FOLDER_KEY)."""
+    folder = asset.metadata_by_key.get(asset.key, {}).get(RUN_FOLDER_KEY)
+    if not isinstance(folder, str):
+        raise ValueError(
+            f"asset {asset.key.to_user_string()} declares no {RUN_FOLDER_KEY!r} metadata: it has no run "
+            "folder a hand-off file could be read from (build it with stage_asset, or declare it)"
+        )
+    return folder
+
+
+def manifest_version_of(partition_key: str) -> int:
+    """ "v000123" → 123; a key that is not a snapshot id fails without retries (a retry cannot fix it)."""
+    version = parse_snapshot_id(partition_key)
+    if version is None:
+        raise dg.Failure(
+            f"partition key {partition_key!r} is not a snapshot id like v000123", allow_retries=False
+        )
+    return version
+
+
+def handoff_path(
+    project: Gc25dProject, cfg: Gc25dConfig, source: HandoffSource, context: dg.AssetExecutionContext
+) -> Path:
+    """The upstream hand-off file of this partition, checked now (present, valid, has the export asked
+    for) so that a missing or broken one fails at once instead of in every rank after a launch."""
+    upstream = source.asset.key.to_user_string()
+    path = project.run_dir(cfg, run_folder_of(source.asset), context) / source.file
+    if not path.is_file():
+        raise dg.Failure(
+            f"hand-off file {path} does not exist: materialize {upstream} for partition "
+            f"{context.partition_key} first (init_from of {context.asset_key.to_user_string()})",
+            allow_retries=False,
+        )
+    try:
+        read_handoff(path).pick(source.export)
+    except ConfigError as e:
+        raise dg.Failure(f"init_from {upstream}: {e}", allow_retries=False) from None
+    return path
+
+
+def stage_asset(
+    name: str,
+    stage: str,
+    *,
+    deps: Sequence[dg.AssetsDefinition | str] = (),
+    module: str | None = None,
+    init_from: HandoffSource | tuple[dg.AssetsDefinition, str, Literal["export", "ema"]] | None = None,
+    description: str | None = None,
+    partitions_def: dg.PartitionsDefinition = cache_snapshots,
+    pool: str = "gpu",
+    tags: Mapping[str, str] | None = None,
+    retry_policy: dg.RetryPolicy | None = STAGE_RETRY_POLICY,
+    kinds: Sequence[str] = ("torch",),
+    group_name: str = "train",
+) -> dg.AssetsDefinition:
+    """A training-stage asset ``name`` running core stage ``stage`` (its section of the run config,
+    presets in configs/<stage>/) through ``python -m <module>`` (default gc25d_core.jobs.<stage>).
+
+    ``init_from`` (upstream asset, hand-off file name, "export" | "ema") sets ``model.init: handoff``
+    and ``model.handoff`` to that file in the upstream's run folder for the same partition; the
+    upstream becomes a dependency. Definition errors (unknown stage, missing entry module, a
+    hand-off name that is not a file name, an upstream without a run folder or on other partitions)
+    raise ValueError when the code location loads."""
+    check_name(name, "stage asset name")
+    if stage not in STAGES:
+        raise ValueError(f"stage asset {name}: stage={stage!r} is not a core stage (known: {sorted(STAGES)})")
+    module = module or f"gc25d_core.jobs.{stage}"
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"stage asset {name}: module={module!r} (the torchrun entry point) does not exist")
+    source = HandoffSource(*init_from) if init_from is not None else None
+    all_deps = list(deps)
+    if source is not None:
+        upstream = source.asset.key.to_user_string()
+        try:
+            check_name(source.file, f"init_from file of {name}")
+        except InvalidNameError as e:
+            raise ValueError(str(e)) from None
+        if source.export not in ("export", "ema"):
+            raise ValueError(f"stage asset {name}: init_from export={source.export!r} (export | ema)")
+        if source.asset.partitions_def != partitions_def:
+            raise ValueError(
+                f"stage asset {name}: init_from {upstream} is partitioned by "
+                f"{source.asset.partitions_def}, not {partitions_def}: its hand-off is read for the same key"
+            )
+        run_folder_of(source.asset)  # fail at load, not at the first launch
+        if not any(_key_of(d) == source.asset.key for d in all_deps):
+            all_deps.append(source.asset)
+    metadata: dict[str, Any] = {RUN_FOLDER_KEY: name, "gc25d/stage": stage, "gc25d/entry_module": module}
+    if source is not None:
+        metadata["gc25d/init_from"] = f"{upstream}: {source.file} ({source.export})"
+
+    @dg.asset(
+        name=name,
+        group_name=group_name,
+        partitions_def=partitions_def,
+        deps=all_deps,
+        kinds=set(kinds),
+        pool=pool,
+        tags=dict(tags) if tags is not None else {"gpu": "true"},
+        retry_policy=retry_policy,
+        description=description,
+        metadata=metadata,
+    )
+    def _asset(
+        context: dg.AssetExecutionContext,
+        config: StageRunConfig,
+        project: Gc25dProject,
+        torchrun: TorchrunLauncher,
+    ) -> dg.MaterializeResult:
+        base = project.config()
+        overrides: dict[str, Any] = {"data": {"manifest_version": manifest_version_of(context.partition_key)}}
+        handoff = None
+        if source is not None:
+            handoff = handoff_path(project, base, source, context)
+            overrides["model"] = {"init": "handoff", "handoff": str(handoff), "handoff_export": source.export}
+        try:
+            cfg = with_stage(base, stage, config.stage_preset or base.name, overrides)
+        except ConfigError as e:  # a bad preset name or section: the same on every retry
+            raise dg.Failure(f"{name}: {e}", allow_retries=False) from None
+        run_dir = project.run_dir(cfg, name, context)
+        args = (["--max-steps", str(config.max_steps)] if config.max_steps else []) + (
+            ["--fresh"] if config.fresh else []
+        )
+        mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
+        if handoff is None:
+            return mat
+        # the launch's summary, and which hand-off file this run started from
+        launched = {**(mat.metadata or {}), "init_handoff": dg.MetadataValue.path(str(handoff))}
+        return dg.MaterializeResult(metadata=launched, data_version=mat.data_version)
+
+    return _asset
+
+
+def _key_of(dep: dg.AssetsDefinition | str) -> dg.AssetKey:
+    return dep.key if isinstance(dep, dg.AssetsDefinition) else dg.AssetKey.from_user_string(dep)
