@@ -21,7 +21,7 @@ from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.model import build_model
 from gc25d_core.train.sft import sft_config, with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
-from gc25d_pipeline.defs.train.assets import sft, sft_teacher
+from gc25d_pipeline.defs.train.assets import sft, sft_teacher, stage1_tf
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 from gc25d_pipeline.lib.stage_assets import stage_asset
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
@@ -153,3 +153,27 @@ def test_stage_initialised_from_the_teacher_handoff(trained):
 
     to_teacher, to_random = sq_dist(tuned, teacher), sq_dist(tuned, random_init)
     assert to_teacher < 0.1 * to_random, (to_teacher, to_random)
+
+
+def test_stage1_asset_trains_the_causal_student_from_the_teacher(trained):
+    """The product asset after sft_teacher: stage1_tf resolves its init from teacher.json, trains
+    through the real 2-rank entry point and writes a causal export (final.json comes only at the
+    preset's max_steps; this run stops at step 2)."""
+    assert trained.result.success
+    result = dg.materialize(
+        [stage1_tf],
+        partition_key="v000001",
+        instance=trained.instance,
+        resources=trained.resources,
+        run_config={"ops": {"stage1_tf": {"config": {"max_steps": FINETUNE_STEPS}}}},
+    )
+    assert result.success
+    run_dir = trained.root / "runs" / "stage1_tf" / "v000001"
+    from gc25d_core.train.presets import stage_config
+
+    model = stage_config(config_from_yaml(run_dir / "config.yaml"), "stage1_tf").model
+    assert (model.init, model.handoff) == ("handoff", trained.sft_dir / TEACHER)
+    assert not (run_dir / "final.json").exists()
+    _, meta = read_export(run_dir / "exports" / f"step-{FINETUNE_STEPS:06d}.safetensors")
+    assert meta.causal is not None and meta.extra["stage"] == "stage1_tf"
+    assert json.loads(meta.extra["init_ckpt"])["sha256"] == read_handoff(trained.sft_dir / TEACHER).sha256

@@ -27,6 +27,16 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def stage_parser(description: str, stage: str) -> argparse.ArgumentParser:
+    """A training stage's arguments: the base ones, where to stop, whether to start over."""
+    p = base_parser(description)
+    p.add_argument(
+        "--max-steps", type=int, default=None, help=f"stop at this step (default {stage}.max_steps)"
+    )
+    p.add_argument("--fresh", action="store_true", help="delete state, exports and logs; start at step 0")
+    return p
+
+
 def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | None = None) -> None:
     """Bind to the launcher, parse, init distributed, open the reporter (Pipes on rank 0), run ``main``."""
     die_with_parent()

@@ -53,8 +53,6 @@ class ModelConfig(Strict):
             raise ValueError("model.init='wan' needs model.wan_dir (and wan_sha256, checked at load)")
         if self.init == "export" and self.export_path is None:
             raise ValueError("model.init='export' needs model.export_path")
-        if self.init == "handoff" and self.handoff is None:
-            raise ValueError("model.init='handoff' needs model.handoff (a teacher.json / final.json)")
         return self
 
 
@@ -105,6 +103,9 @@ class DropoutConfig(Strict):
 
 class ValConfig(Strict):
     every: int = Field(default=500, ge=1)
+    at_start: bool = Field(
+        default=False, description="validate the initial weights too (step 0 of a fresh run: the baseline)"
+    )
     num_clips: int = Field(default=16, ge=1)
     timesteps: tuple[float, ...] = (200.0, 500.0, 800.0)
     seed: int = 0
@@ -197,3 +198,23 @@ class SftConfig(StageConfig):
     """SPEC §7 defaults (8 GPU × micro 1 × GA 2 = 16)."""
 
     pick: PickConfig = PickConfig()
+
+
+class DeployCausalConfig(Strict):
+    """The causal attention an export is deployed with (DESIGN.md §4.4), recorded in its metadata."""
+
+    sink: int = Field(default=3, ge=0)
+    window: int = Field(default=17, ge=1)
+    rope_cap: int = Field(default=20, ge=1)
+
+
+class Stage1Config(StageConfig):
+    """SPEC §8 stage 1: the causal student by teacher forcing, from the picked SFT teacher. Training is
+    full causal ("windowed 0/0": ``train_sink`` 0, ``train_window`` 0 = no window); every noisy cell
+    draws its own timestep index; ``deploy`` is the attention the export records for rollouts."""
+
+    teacher_forcing: Literal[True] = True
+    train_sink: int = Field(default=0, ge=0)
+    train_window: int = Field(default=0, ge=0, description="0: full causal (no window) in training")
+    deploy: DeployCausalConfig = DeployCausalConfig()
+    causal_val_t: float = Field(default=500.0, description="t of the causal validation (next-cell x0 error)")

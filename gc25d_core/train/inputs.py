@@ -48,18 +48,23 @@ def ti2v_inputs(
 def model_kwargs(
     text: TextBank,
     x_t: torch.Tensor,
-    t: float,
+    t: float | torch.Tensor,
     keys: list[list[str]],
     ids: torch.Tensor,
     *,
     dtype: torch.dtype,
     device: torch.device,
 ) -> dict[str, Any]:
-    """GcDiT's forward arguments: latents in the model's dtype, one t per clip, the per-cell text bank."""
+    """GcDiT's forward arguments: latents in the model's dtype, the timestep (one per clip, or a
+    tensor per cell [B, N]), the per-cell text bank."""
     bank, index = text.context(keys)
+    if isinstance(t, torch.Tensor):
+        timestep = to_device(t.float(), device)
+    else:
+        timestep = torch.full((x_t.shape[0],), t, dtype=torch.float32, device=device)
     return dict(
         latents=x_t.to(dtype),
-        timestep=torch.full((x_t.shape[0],), t, dtype=torch.float32, device=device),
+        timestep=timestep,
         context=bank,
         sem_ids=to_device(ids, device),
         context_index=index,

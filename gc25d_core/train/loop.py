@@ -96,6 +96,7 @@ class StageRun:
         """What ``trainer.json`` records beside the step (the stage adds epoch, snapshot, ...)."""
         return {
             "stage": self.name,
+            "init": self._init_identity(),
             "engine": self.section.engine,
             "precision": self.precision,
             "world_size": self.world,
@@ -103,6 +104,17 @@ class StageRun:
             "grad_accum": self.section.grad_accum,
             "seed": self.section.seed,
         }
+
+    def _init_identity(self) -> str:
+        """What the weights started from: a resume must not continue a run begun from another
+        teacher (a re-pick rewrites teacher.json, not the state)."""
+        m = self.section.model
+        if m.init in ("export", "handoff"):
+            from gc25d_core.train.model import init_export
+
+            path, sha = init_export(m)
+            return f"{m.init}:{sha or path}"
+        return f"{m.init}:{m.init_seed}" if m.init == "random" else f"{m.init}:{m.wan_dir}"
 
     def describe(self) -> str:
         return ""
@@ -167,6 +179,12 @@ class StageRun:
             f"{start_step} -> {target}, {samples_per_step} clips/step{self.describe()}"
         )
         last_val: dict[str, float] = {}
+        if sec.val.at_start and start_step == 0:  # the initial weights' numbers: the baseline
+            val = self.validate(0)
+            if val is not None:
+                last_val = val
+                self.val_log.append({"step": 0, **val})
+                self.rep.metrics(step=0, **{f"val_{k}": v for k, v in val.items()})
         train_s, step = 0.0, start_step
         profiler = StepProfiler(sec.profile, self.run_dir / "profile", self.rank == 0)
         while step < target:

@@ -49,9 +49,14 @@ def dit_config_of(cfg: Gc25dConfig, model: ModelConfig):
 def init_export(m: ModelConfig) -> tuple[Path, str | None]:
     """The export an ``export`` / ``handoff`` init reads, and the SHA256 it must have."""
     if m.init == "handoff":
+        from gc25d_core.schema import ConfigError
         from gc25d_core.train.handoff import read_handoff
 
-        assert m.handoff is not None
+        if m.handoff is None:
+            raise ConfigError(
+                "model.init='handoff' needs model.handoff: the upstream stage's teacher.json / final.json "
+                "(the stage asset sets it; by hand: <stage>.model.handoff=<run>/teacher.json)"
+            )
         return read_handoff(m.handoff).pick(m.handoff_export)
     assert m.export_path is not None
     return m.export_path, m.export_sha256

@@ -35,7 +35,7 @@ from gc25d_core.checkpoint import (
 from gc25d_core.distributed import barrier, global_rank
 
 # what must match between a slot and the config that resumes it; sharded engines add the world size
-RESUME_KEYS = ("engine", "micro_batch", "grad_accum")
+RESUME_KEYS = ("stage", "init", "engine", "micro_batch", "grad_accum")
 SHARDED_ENGINES = ("zero2", "fsdp")
 
 

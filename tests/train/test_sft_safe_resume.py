@@ -3,7 +3,7 @@ our checkpoint engine (SHA256 check, then torch.load(weights_only=True)), and a 
 state slot is refused, by its hash or by the weights-only unpickler, without ever running.
 
 One rank in this process (a gloo group of one, as DeepSpeed needs a process group); the 2-rank
-ZeRO-2 kill/resume bit-identity is tests/train/test_sft_torchrun.py."""
+ZeRO-2 kill/resume bit-identity is tests/train/test_stage_torchrun.py."""
 
 from __future__ import annotations
 

@@ -195,3 +195,31 @@ def sft_world(
 
 def write_config(cfg: Gc25dConfig, path: Path) -> Path:
     return write_resolved(cfg, path.parent, path.name)
+
+
+def random_teacher(cfg: Gc25dConfig, root: Path, seed: int = 0) -> Path:
+    """A teacher.json hand-off naming a seeded random tiny GcDiT export (stands in for the SFT pick
+    where a test needs only a valid init, not a trained one)."""
+    from gc25d_core.models.configs import build_gcdit, tiny_config
+    from gc25d_core.models.export import save_export
+    from gc25d_core.train.handoff import TEACHER, handoff_of, write_handoff_file
+
+    torch.manual_seed(seed)
+    model = build_gcdit(tiny_config(vocab=cfg.vocab))
+    export = save_export(root / "teacher" / "step-000001.safetensors", model, data="codeworld")
+    return write_handoff_file(root / "teacher" / TEACHER, handoff_of("sft", 1, Path(export)))
+
+
+def stage1_world(
+    root: Path, stage1: dict[str, Any] | None = None, *, latents: Literal["random", "from_ids"] = "random"
+) -> Gc25dConfig:
+    """The SFT world plus a stage-1 section (configs/stage1_tf/tiny.yaml merged with ``stage1``) whose
+    init is a random tiny teacher's hand-off."""
+    from gc25d_core.config import deep_merge
+    from gc25d_core.train.presets import with_stage
+
+    cfg = sft_world(root, latents=latents)
+    teacher = random_teacher(cfg, root)
+    return with_stage(
+        cfg, "stage1_tf", "tiny", deep_merge({"model": {"handoff": str(teacher)}}, stage1 or {})
+    )

@@ -1,4 +1,4 @@
-"""SPEC §7 SFT teacher per training-cache snapshot, and the §10 pick rule.
+"""SPEC §7 SFT teacher per training-cache snapshot, the §10 pick rule, and the distillation stages after it.
 
 ``sft`` is a stage asset (gc25d_pipeline.lib.stage_assets): a torchrun job (DeepSpeed ZeRO-2
 through accelerate, see gc25d_core.train.sft) whose run folder is fixed per snapshot partition, so a
@@ -76,3 +76,13 @@ def sft_teacher(
         # the export's hash: a re-trained run that exports the same step is a new teacher
         data_version=dg.DataVersion(f"step-{pick.step}-{handoff.sha256[:16]}"),
     )
+
+
+stage1_tf = stage_asset(
+    "stage1_tf",
+    "stage1_tf",
+    init_from=(sft_teacher, TEACHER, "export"),
+    kinds=("torch", "deepspeed"),
+    description="SPEC §8 stage 1: the causal student by teacher forcing from the picked teacher "
+    "(teacher.json); its final.json is stage 2's init.",
+)

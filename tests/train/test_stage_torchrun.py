@@ -1,7 +1,8 @@
-"""The real SFT entry point under torchrun (2 gloo ranks, tiny GcDiT), for each engine: trains,
-keeps exactly 2 state slots with every tensor file recorded by SHA256, writes loadable step-N
+"""The real stage entry points under torchrun (2 gloo ranks, tiny GcDiT), for each stage and engine:
+trains, keeps exactly 2 state slots with every tensor file recorded by SHA256, writes loadable step-N
 exports, and a run killed mid-way (GC25D_FAULT mode=exit) resumes to bit-identical weights,
-optimizer state, loss curve and validation. Nothing here reads an engine's own file names."""
+optimizer state, loss curve and validation. Nothing here reads an engine's own file names; a new
+stage joins by adding a line to RUNS."""
 
 from __future__ import annotations
 
@@ -12,38 +13,44 @@ import pytest
 import torch
 
 from tests.train.resume_checks import assert_same_tensors, launch, records
-from tests.train.world import sft_world, write_config
+from tests.train.world import sft_world, stage1_world, write_config
 
 pytestmark = pytest.mark.slow
 
 STEPS = 12
-SFT = {"max_steps": STEPS, "state_every": 4, "save_every": 6, "val": {"every": 6, "num_clips": 2}}
-# zero2 = accelerate + DeepSpeed ZeRO-2 (the presets' engine), torch = DDP, fsdp = FULL_SHARD
-ENGINES = ("zero2", "torch", "fsdp")
+SECTION = {"max_steps": STEPS, "state_every": 4, "save_every": 6, "val": {"every": 6, "num_clips": 2}}
+# (stage, engine): zero2 = accelerate + DeepSpeed ZeRO-2 (the presets' engine), torch = DDP, fsdp = FULL_SHARD
+RUNS = (("sft", "zero2"), ("sft", "torch"), ("sft", "fsdp"), ("stage1_tf", "zero2"))
+WORLDS = {"sft": sft_world, "stage1_tf": stage1_world}
+COND_LR = {"sft": 1e-3, "stage1_tf": 1e-4}  # stage 1 has one lr for every parameter
+VAL_STEPS = {"sft": [6, 12], "stage1_tf": [0, 6, 12]}  # stage 1 validates its starting point
 
 
-def _launch(config: Path, run_dir: Path, fault: str | None = None):
-    argv = ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run_dir)]
+def _launch(stage: str, config: Path, run_dir: Path, fault: str | None = None):
+    argv = ["-m", f"gc25d_core.jobs.{stage}", "--config", str(config), "--run-dir", str(run_dir)]
     return launch(argv, nproc=2, fault=fault)
 
 
-@pytest.fixture(scope="module", params=ENGINES)
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{s}-{e}" for s, e in RUNS])
 def runs(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"sft_{request.param}")
-    cfg = sft_world(root, {**SFT, "engine": request.param})
+    stage, engine = request.param
+    root = tmp_path_factory.mktemp(f"{stage}_{engine}")
+    cfg = WORLDS[stage](root, {**SECTION, "engine": engine})
     config = write_config(cfg, root / "run.yaml")
-    full = _launch(config, root / "full")
+
+    full = _launch(stage, config, root / "full")
     assert full.returncode == 0, full.stderr[-4000:]
-    killed = _launch(config, root / "resumed", fault="rank=1,step=10,mode=exit")
+    killed = _launch(stage, config, root / "resumed", fault="rank=1,step=10,mode=exit")
     assert killed.returncode != 0
     after_kill = {
         "states": sorted(p.name for p in (root / "resumed" / "state").iterdir()),
         "steps": [r["step"] for r in records(root / "resumed" / "metrics.jsonl")],
     }
-    resumed = _launch(config, root / "resumed")
+    resumed = _launch(stage, config, root / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     return {
-        "engine": request.param,
+        "stage": stage,
+        "engine": engine,
         "full": root / "full",
         "resumed": root / "resumed",
         "after_kill": after_kill,
@@ -57,7 +64,7 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
     assert [r["step"] for r in curve] == list(range(1, STEPS + 1))
     assert all(r["loss"] > 0 and r["grad_norm"] > 0 for r in curve)
     assert curve[0]["lr"] < curve[-1]["lr"] == pytest.approx(1e-4)  # warmup then constant
-    assert curve[-1]["cond_lr"] == pytest.approx(1e-3)
+    assert curve[-1]["cond_lr"] == pytest.approx(COND_LR[runs["stage"]])
     assert sorted(p.name for p in (full / "state").iterdir()) == ["step-000008", "step-000012"]
     slot = full / "state" / "step-000012"
     assert {"data.json", "trainer.json", "rng-rank0.pt", "rng-rank1.pt", "sha256.json"} <= {
@@ -74,7 +81,7 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
         assert json.loads((full / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
         assert "DEEPSPEED" in (full / "accelerate.yaml").read_text()
     val = records(full / "val.jsonl")
-    assert [r["step"] for r in val] == [6, 12]
+    assert [r["step"] for r in val] == VAL_STEPS[runs["stage"]]
     assert all(r["num_clips"] == 2 and "cond_mse_t500" in r and "null_text_mse" in r for r in val)
     done = json.loads((full / "done.json").read_text())
     assert done["final_step"] == STEPS and done["exports"] == [
@@ -82,7 +89,7 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
         "step-000012.safetensors",
     ]
     handoff = json.loads((full / "final.json").read_text())
-    assert handoff["stage"] == "sft" and handoff["step"] == STEPS
+    assert handoff["stage"] == runs["stage"] and handoff["step"] == STEPS
     assert Path(handoff["export"]) == (full / "exports" / "step-000012.safetensors").resolve()
 
 
@@ -112,8 +119,9 @@ def test_exports_load_with_the_gcdit_loaders(runs):
 
     path = runs["full"] / "exports" / "step-000012.safetensors"
     sd, meta = read_export(path)
-    assert meta.vocab == "parts" and meta.causal is None and meta.data == "codeworld"
-    assert meta.extra["stage"] == "sft" and meta.extra["step"] == "12"
+    assert meta.vocab == "parts" and meta.data == "codeworld"
+    assert (meta.causal is not None) == (runs["stage"] == "stage1_tf")
+    assert meta.extra["stage"] == runs["stage"] and meta.extra["step"] == "12"
     assert json.loads(meta.extra["flow"]) == {"template": "Wan", "shift": 5.0, "num_steps": 1000}
     model, _ = load_gc_weights(path)
     assert model.gc_config.dim == 96 and model.gc_config.num_layers == 2
@@ -124,5 +132,5 @@ def test_exports_load_with_the_gcdit_loaders(runs):
 def test_pick_over_the_run_folder(runs):
     from gc25d_core.train.pick import pick_sft_run
 
-    p = pick_sft_run(runs["full"], min_step=0)
+    p = pick_sft_run(runs["full"], min_step=1)
     assert p.step in (6, 12) and p.path is not None and p.path.is_file()

@@ -1,0 +1,222 @@
+"""What the stages that train one GcDiT on the cache stream share (SFT, stage 1 teacher forcing).
+
+``DenoiserRun`` builds the pinned training stream, the text bank, the engine and the one trained
+model (its init from the section: random, Wan2.2, an export or a hand-off), the validation clips,
+and runs the optimizer step: ``grad_accum`` micro-batches, each ``micro_loss`` (the stage's math)
+forward and backward, then the step. Everything the loop records is summed in one host sync.
+A stage file writes ``micro_loss`` and, where it has them, extra validation and export metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from gc25d_core.checkpoint import step_name
+from gc25d_core.distributed import barrier
+from gc25d_core.train.config import StageConfig
+from gc25d_core.train.data import TextBank, TrainingSample, TrainingStream, generator, load_text_table
+from gc25d_core.train.engine import Trained, build_engine
+from gc25d_core.train.inputs import model_kwargs
+from gc25d_core.train.loop import StageRun
+from gc25d_core.train.metrics import StepSums
+from gc25d_core.train.model import build_model, init_export, last_stats, param_groups
+from gc25d_core.train.state import ResumePoint, RngState, Stateful
+from gc25d_core.train.validation import VAL_MODES, load_val_clips, validate_modes
+
+# what a step sums over micro-batches and ranks: kept on the device (one sync per step) / on the host
+DEVICE_SUMS = ("loss", "mse", "sem_rms", "x_rms", "grad_norm")
+HOST_SUMS = ("t", "text_dropped", "cond_dropped", "masked", "samples", "masked_frac", "data_s")
+
+
+class MicroLoss(NamedTuple):
+    loss: torch.Tensor  # what is back-propagated
+    mse: torch.Tensor  # the unweighted velocity MSE (logged)
+    t_mean: float  # the micro-batch's mean timestep over its noisy cells (logged)
+
+
+class DenoiserRun(StageRun):
+    section: StageConfig
+
+    def build(self, resume: ResumePoint) -> None:
+        sec = self.section
+        self.data = TrainingStream(
+            self.cfg,
+            sec.data,
+            sec.dropout,
+            seed=sec.seed,
+            micro_batch=sec.micro_batch,
+            device=self.device,
+            resume=resume.data,
+        )
+        self.text = TextBank(load_text_table(self.cfg, sec.data), self.device)
+        self.engine = build_engine(sec, self.device, self.precision)
+        model = build_model(self.cfg, sec.model, self.device, self.engine.build_dtype)
+        self.dit_config = model.gc_config
+        groups = lambda m: param_groups(m, sec.optim.lr, sec.optim.cond_lr)  # noqa: E731
+        self.model: Trained = self.engine.train("model", model, sec.optim, groups)
+        self.val_clips = load_val_clips(
+            self.data.store, self.data.manifest_ref, sec.val, self.data.prompt_to_key, self.cfg.vocab
+        )
+        if not self.val_clips:
+            self.rep.log("the snapshot has no val clips: validation is skipped", level="warning")
+
+    def state_parts(self) -> dict[str, Stateful]:
+        return {"model": self.model, "rng": RngState()}
+
+    def data_state(self) -> dict[str, Any]:
+        return self.data.state()
+
+    def state_meta(self) -> dict[str, Any]:
+        return {
+            **super().state_meta(),
+            "epoch": self.data.epoch,
+            "epoch_budget": self.data.epoch_budget,
+            "manifest": self.data.manifest_ref.model_dump(),
+        }
+
+    def describe(self) -> str:
+        return f", snapshot {self.data.manifest_ref.snapshot_id}, {len(self.val_clips)} val clips"
+
+    def summary(self) -> dict[str, Any]:
+        val_curve = [
+            {k: r[k] for k in ("step", *(f"{m}_mse" for m in VAL_MODES)) if k in r}
+            for r in self.val_log.records()
+        ]
+        ref = self.data.manifest_ref
+        return {"snapshot": ref.snapshot_id, "manifest_sha256": ref.sha256, "val_curve": val_curve}
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def kwargs(self, x_t: torch.Tensor, t: Any, keys: list[list[str]], ids: torch.Tensor) -> dict[str, Any]:
+        """GcDiT's arguments; ``t`` one value per clip, or per cell [B, N]."""
+        dtype = next(self.model.module.parameters()).dtype
+        return model_kwargs(self.text, x_t, t, keys, ids, dtype=dtype, device=self.device)
+
+    def checkpointing(self) -> dict[str, Any]:
+        m = self.section.model
+        return {
+            "use_gradient_checkpointing": m.gradient_checkpointing,
+            "checkpoint_blocks": m.checkpoint_blocks,
+        }
+
+    def micro_loss(self, samples: list[TrainingSample], gen: torch.Generator) -> MicroLoss:
+        """The stage's math for one micro-batch (forward through ``self.model``; the caller backward)."""
+        raise NotImplementedError
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """grad_accum micro-batches, then mark them consumed. An epoch budget that is not a multiple
+        of grad_accum ends the epoch inside a step: the closing epoch's keys are marked first."""
+        sec, ga = self.section, self.section.grad_accum
+        sums = StepSums(DEVICE_SUMS, HOST_SUMS, self.device)
+        keys_done: list[Any] = []
+        for micro in range(ga):
+            if self.data.epoch_ends and keys_done:
+                self.data.mark_consumed(keys_done)
+                keys_done = []
+            t_data = time.perf_counter()
+            items = self.data.next_micro()
+            data_s = time.perf_counter() - t_data
+            samples = [s for _, s in items]
+            keys_done += [k for k, _ in items]
+            gen = generator(sec.seed, "train", self.rank, step, micro)
+            boundary = micro == ga - 1
+            with self.model.accumulate(boundary):
+                out = self.micro_loss(samples, gen)
+                self.model.backward(out.loss)
+            grad_norm = self.model.step(boundary)
+            st, zero = last_stats(self.model.module), torch.zeros((), device=self.device)
+            norm = grad_norm.to(self.device) / self.world if grad_norm is not None else zero
+            sums.add_device([out.loss, out.mse, st.get("sem_rms", zero), st.get("x_rms", zero), norm])
+            sums.add_host(
+                [
+                    out.t_mean,
+                    sum(s.text_dropped for s in samples),
+                    sum(s.cond_dropped for s in samples),
+                    sum(s.masked for s in samples),
+                    len(samples),
+                    sum(s.masked_frac for s in samples),
+                    data_s,
+                ]
+            )
+        self.data.mark_consumed(keys_done)
+        tot = sums.reduce()
+        n_micro, n_samples = ga * self.world, tot["samples"]
+        lr, cond_lr = self.model.lrs()
+        return {
+            "loss": tot["loss"] / n_micro,
+            "mse": tot["mse"] / n_micro,
+            "t_mean": tot["t"] / n_micro,
+            "sem_rms": tot["sem_rms"] / n_micro,
+            "x_rms": tot["x_rms"] / n_micro,
+            "frac_text_dropped": tot["text_dropped"] / n_samples,
+            "frac_cond_dropped": tot["cond_dropped"] / n_samples,
+            "frac_masked": tot["masked"] / n_samples,
+            # of the masked samples
+            "masked_static_frac": tot["masked_frac"] / tot["masked"] if tot["masked"] else 0.0,
+            # host seconds a rank waited for its micro-batches (mean over ranks): the data pipeline
+            # keeps up while this stays near 0
+            "data_wait_s": tot["data_s"] / self.world,
+            "grad_norm": tot["grad_norm"],  # the global norm (the same on every rank; averaged)
+            "lr": lr,
+            "cond_lr": cond_lr,
+            "epoch": self.data.epoch,
+        }
+
+    # -- validation and export --------------------------------------------------------------------
+
+    def predict(self, x_t: torch.Tensor, t: float, keys: list[list[str]], ids: torch.Tensor) -> torch.Tensor:
+        """The velocity the validation modes score (bidirectional; a causal stage overrides it)."""
+        return self.model.infer(**self.kwargs(x_t, t, keys, ids))
+
+    def extra_validation(self, step: int) -> dict[str, float]:
+        return {}
+
+    def validate(self, step: int) -> dict[str, float] | None:
+        if not self.val_clips:
+            return None
+        module = self.model.module
+        module.eval()
+
+        def sem_rms() -> float:
+            return float(last_stats(module).get("sem_rms", torch.tensor(0.0)))
+
+        with torch.no_grad():
+            out = validate_modes(
+                self.val_clips, self.section.val, self.schedule, self.predict, self.device, sem_rms
+            )
+            out.update(self.extra_validation(step))
+        module.train()
+        return out
+
+    def export_metadata(self, step: int) -> dict[str, Any]:
+        """save_export's keyword arguments beyond the weights (a causal stage adds its keys)."""
+        extra = {
+            "stage": self.name,
+            "step": str(step),
+            "flow": json.dumps(self.schedule.describe(), sort_keys=True),
+        }
+        if self.section.model.init in ("export", "handoff"):
+            path, sha = init_export(self.section.model)
+            extra["init_ckpt"] = json.dumps({"path": str(path), "sha256": sha})
+        return {"extra": extra}
+
+    def export(self, step: int) -> list[Path]:
+        from gc25d_core.models.export import save_export
+
+        path = self.export_dir / f"{step_name(step)}.safetensors"
+        weights = self.model.full_state_dict()
+        if self.rank == 0:
+            save_export(
+                path,
+                weights,
+                dit_config=self.dit_config,
+                data=self.section.data_tag,
+                **self.export_metadata(step),
+            )
+        barrier()
+        return [path]
