@@ -41,6 +41,7 @@ ENV = "_env"  # a variant's environment additions (not an sft override)
 PROFILED_STEPS = 2
 COMPILED = {"gradient_checkpointing": False, "compile": True, "overrides": FUSED}  # v10's model (per token)
 CTAS_BUCKETS = {"reduce_bucket_size": 200_000_000}
+CKPT_1GPU = 10  # of the 30 blocks
 # variant name -> sft section overrides (+ ENV)
 VARIANTS: dict[str, dict[str, Any]] = {
     "v10": {},  # configs/sft/v10.yaml as it stands
@@ -77,7 +78,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ckpt4_fused_compile": {
         "model": {"gradient_checkpointing": True, "checkpoint_blocks": 4, "compile": True, "overrides": FUSED}
     },
+    # one GPU (issue 15): the v10 preset with the first CKPT_1GPU blocks recomputed, so ZeRO-2's whole
+    # optimizer state (fp32 master + Adam, ~75 GiB on one rank) and GA 2's activations fit one H200;
+    # through accelerate's DeepSpeedPlugin (the default), and through deepspeed.initialize directly
+    "v10_1gpu": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": CKPT_1GPU}},
+    "v10_1gpu_direct": {
+        "model": {"gradient_checkpointing": True, "checkpoint_blocks": CKPT_1GPU},
+        "zero": {"via": "deepspeed"},
+    },
 }
+# variants that are the v10 preset plus their own overrides (the others start from NAMED_BASE)
+PRESET_BASED = ("v10", "v10_1gpu", "v10_1gpu_direct")
 NAMED_BASE = {"model": {"overrides": {"per_cell_time": False}}, "zero": {"overlap_comm": True}}
 # modifiers: a variant name "a+b" is VARIANTS[a] deep-merged with MODIFIERS[b] (e.g. "..._ctas8+fa4")
 MODIFIERS: dict[str, dict[str, Any]] = {
@@ -85,6 +96,9 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "fa4": {"model": {"attn_backend": "fa4"}},
     # t_mod once per cell, broadcast in the blocks: no [B, L, 6, dim] tensor or per-token time MLP
     "percell": {"model": {"overrides": {"per_cell_time": True}}},
+    # more recomputation than CKPT_1GPU (for v10_1gpu*, should that not fit one GPU)
+    "ckpt20": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": 20}},
+    "ckptall": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": None}},
 }
 
 
@@ -95,10 +109,10 @@ def variant(name: str) -> dict[str, Any]:
     base, *mods = name.split("+")
     if base not in VARIANTS or any(m not in MODIFIERS for m in mods):
         raise SystemExit(f"unknown variant {name!r}: {sorted(VARIANTS)} with +{sorted(MODIFIERS)}")
-    # deep_merge copies, so variants may share their model / zero sections; names other than v10 keep
-    # the settings they were measured with before the preset turned per-cell modulation on and the
-    # overlap off
-    out = deep_merge({} if base == "v10" else NAMED_BASE, VARIANTS[base])
+    # deep_merge copies, so variants may share their model / zero sections; names other than the
+    # PRESET_BASED ones keep the settings they were measured with before the preset turned per-cell
+    # modulation on and the overlap off
+    out = deep_merge({} if base in PRESET_BASED else NAMED_BASE, VARIANTS[base])
     for m in mods:
         out = deep_merge(out, MODIFIERS[m])
     return out
@@ -203,6 +217,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warm", type=int, default=4, help="steps left out of the steady state")
     ap.add_argument("--clips-per-run", type=int, default=6)
     ap.add_argument("--variants", default="nockpt_fused")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the variant list this many times, interleaved (A, B, A, B): same-lease drift shows",
+    )
     ap.add_argument("--plain-steps", type=int, default=10, help="0: skip plain_zero2.py")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument(
@@ -235,7 +255,12 @@ def main(argv: list[str] | None = None) -> None:
         **info,
         "clips_per_gpu_step": clips_per_gpu_step,
     }
-    for name in [v for v in args.variants.split(",") if v]:
+    names = [v for v in args.variants.split(",") if v]
+    for name in names:
+        variant(name)  # unknown names fail before the first run
+    by_variant: dict[str, list[float | None]] = {}
+    for rep, name in [(r, n) for r in range(1, args.repeat + 1) for n in names]:
+        label = name if args.repeat == 1 else f"{name}.r{rep}"
         extra = variant(name)
         venv = {**env, **extra.pop(ENV, {})}
         if args.fa4_path and extra.get("model", {}).get("attn_backend") == "fa4":
@@ -244,10 +269,11 @@ def main(argv: list[str] | None = None) -> None:
             extra["max_steps"] = args.steps + PROFILED_STEPS
             extra["profile"] = {"start": args.steps + 1, "steps": PROFILED_STEPS}
         vcfg = with_sft(cfg, cfg.sft.model_dump(mode="json"), extra)
+        assert vcfg.sft is not None
         config = write_resolved(vcfg, args.root, f"sft_{name}.yaml")
         run_dir = args.root / "runs" / name
         shutil.rmtree(run_dir / "profile", ignore_errors=True)  # no stale profile from an earlier call
-        log = out / f"sft_{name}.log"
+        log = out / f"sft_{label}.log"
         rc, wall = torchrun(
             args.nproc,
             ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run_dir), "--fresh"],
@@ -264,9 +290,14 @@ def main(argv: list[str] | None = None) -> None:
             "peak_mem_gib": max((r["peak_mem_gib"] for r in records if "peak_mem_gib" in r), default=None),
             "loss_first_last": [records[0]["loss"], records[-1]["loss"]] if records else None,
         }
+        by_variant.setdefault(name, []).append(res.get("step_s_median_in_epoch", res.get("step_s_median")))
         emit(
             probe="sft",
             variant=name,
+            repeat=rep,
+            engine=vcfg.sft.engine,
+            zero_via=vcfg.sft.zero.via,
+            checkpointing=[vcfg.sft.model.gradient_checkpointing, vcfg.sft.model.checkpoint_blocks],
             **res,
             step_s=[round(r["step_s"], 4) for r in records],
             data_wait_s=[round(r.get("data_wait_s", 0.0), 4) for r in records],
@@ -275,12 +306,17 @@ def main(argv: list[str] | None = None) -> None:
             print(tail(log), flush=True)
         ops = run_dir / "profile" / "ops.txt"
         if ops.is_file():
-            (out / f"ops_{name}.txt").write_text(ops.read_text())
+            (out / f"ops_{label}.txt").write_text(ops.read_text())
             print("\n".join(ops.read_text().splitlines()[:28]), flush=True)
         busy = run_dir / "profile" / "gpu_busy.json"
         if busy.is_file():
-            emit(probe="gpu_busy", variant=name, **json.loads(busy.read_text()))
-        summary[f"ours_{name}"] = res
+            emit(probe="gpu_busy", variant=name, repeat=rep, **json.loads(busy.read_text()))
+        summary[f"ours_{label}"] = res
+    # per variant: the in-epoch median step of each repeat, and their median
+    summary["step_s_in_epoch_by_variant"] = {
+        n: {"runs": v, "median": statistics.median([x for x in v if x is not None]) if any(v) else None}
+        for n, v in by_variant.items()
+    }
     if args.plain_steps > 0:
         log = out / "plain_zero2.log"
         rc, wall = torchrun(

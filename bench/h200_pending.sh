@@ -18,6 +18,11 @@
 #   bash bench/h200_pending.sh cache    the cache consumer on 16 pinned cores, then the GPU-marked tests
 #   bash bench/h200_pending.sh ctas     one short lease: NCCL at 8 CTAs, that SFT variant beside plain,
 #                                       latents
+#   bash bench/h200_pending.sh accel1 [v] [n]  one H200 (issue 15): the GPU count, the GPU-marked
+#                                       tests of tests/models (FSDP through accelerate among them), then
+#                                       SFT variants v (default v10_1gpu,v10_1gpu_direct: ZeRO-2 through
+#                                       accelerate / deepspeed.initialize) n times interleaved at --nproc 1
+#   bash bench/h200_pending.sh accel1-more [v] [n]  the same lease, after accel1: n more rounds of v
 # JSON lines and logs go under $OUT.
 set -u
 OUT=${OUT:-/tmp/h200_pending}
@@ -99,6 +104,29 @@ if [ "${1:-}" = "ctas" ]; then  # one short lease: NCCL at 8 CTAs, that SFT vari
     --workers 8 --plain-clips 1 --warmup 1 2>&1 | grep '^{' > "$OUT/latents.jsonl"
   tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
   cat "$OUT/nccl.jsonl"; cut -c1-700 "$OUT/sft.jsonl" "$OUT/latents.jsonl"
+  exit 0
+fi
+
+# one GPU: ZeRO-2 through accelerate's DeepSpeedPlugin beside deepspeed.initialize (issue 15), A B A B
+accel_sft() {  # $1 variants, $2 rounds, $3 output name; the world stays in /tmp/sftb1 while warm
+  timeout "$4" python3 bench/bench_sft_h200.py --root /tmp/sftb1 --out "/tmp/$3" --nproc 1 --steps 14 --warm 4 \
+    --clips-per-run 6 --variants "$1" --repeat "$2" --plain-steps 0 2>&1 | grep '^{' | cut -c1-2400 > "$OUT/$3.jsonl"
+  tar czf "$OUT/$3_logs.tgz" -C "/tmp/$3" .
+  cut -c1-700 "$OUT/$3.jsonl"
+}
+
+if [ "${1:-}" = "accel1" ]; then
+  python3 -c 'import torch; print(torch.cuda.device_count(), torch.cuda.get_device_name(0), torch.__version__)'
+  nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,driver_version --format=csv,noheader
+  timeout 300 python3 -m pytest -q -m "gpu and not fa4" tests/models -p no:cacheprovider -rA \
+    > "$OUT/pytest_gpu.log" 2>&1
+  tail -n 12 "$OUT/pytest_gpu.log"
+  accel_sft "${2:-v10_1gpu,v10_1gpu_direct}" "${3:-1}" sft1 420
+  exit 0
+fi
+
+if [ "${1:-}" = "accel1-more" ]; then
+  accel_sft "${2:-v10_1gpu,v10_1gpu_direct}" "${3:-2}" sft1b 570
   exit 0
 fi
 
