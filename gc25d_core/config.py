@@ -26,7 +26,7 @@ from pydantic import (
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.schema import ConfigError, Strict, format_validation_error
-from gc25d_core.train.config import SftConfig, Stage1Config
+from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config
 
 __all__ = ["ConfigError", "Gc25dConfig", "Strict", "format_validation_error", "load_config"]
 
@@ -216,6 +216,9 @@ class Gc25dConfig(Strict):
     sft: SftConfig | None = Field(default=None, description="SPEC §7 SFT (train.config; configs/sft/)")
     stage1_tf: Stage1Config | None = Field(
         default=None, description="SPEC §8 stage 1, teacher forcing (train.config; configs/stage1_tf/)"
+    )
+    stage2_cd: Stage2Config | None = Field(
+        default=None, description="SPEC §8 stage 2, consistency distillation (configs/stage2_cd/)"
     )
 
 

@@ -208,13 +208,39 @@ class DeployCausalConfig(Strict):
     rope_cap: int = Field(default=20, ge=1)
 
 
-class Stage1Config(StageConfig):
-    """SPEC §8 stage 1: the causal student by teacher forcing, from the picked SFT teacher. Training is
-    full causal ("windowed 0/0": ``train_sink`` 0, ``train_window`` 0 = no window); every noisy cell
-    draws its own timestep index; ``deploy`` is the attention the export records for rollouts."""
+class CausalStageConfig(StageConfig):
+    """What the causal stages share: teacher forcing, full causal in training by default ("windowed
+    0/0": ``train_sink`` 0, ``train_window`` 0 = no window), the attention exports record for
+    rollouts (``deploy``), the causal validation's t."""
 
     teacher_forcing: Literal[True] = True
     train_sink: int = Field(default=0, ge=0)
     train_window: int = Field(default=0, ge=0, description="0: full causal (no window) in training")
     deploy: DeployCausalConfig = DeployCausalConfig()
     causal_val_t: float = Field(default=500.0, description="t of the causal validation (next-cell x0 error)")
+
+
+class Stage1Config(CausalStageConfig):
+    """SPEC §8 stage 1: the causal student by teacher forcing, from the picked SFT teacher; every
+    noisy cell draws its own timestep index."""
+
+
+class Stage2Config(CausalStageConfig):
+    """SPEC §8 stage 2: causal consistency distillation with an EMA target on the deploy axis.
+    Teacher = student init = the stage-1 final export (``model``); the teacher is frozen and causal.
+    ``teacher_substeps`` k > 1 solves each deploy interval with k Euler steps on the fine shifted grid
+    (the anchors' fix for the one-step bias); 1 = the SPEC's single step (solver 1, cfg 1.0)."""
+
+    teacher_substeps: int = Field(default=1, ge=1)
+    ema: EmaConfig = EmaConfig(enabled=True, decay=0.99, start_step=200)
+    dropout: DropoutConfig = DropoutConfig(enabled=False)
+
+    @model_validator(mode="after")
+    def _check_stage2(self) -> Stage2Config:
+        if not self.ema.enabled:
+            raise ValueError("stage 2 needs its EMA (ema.enabled: the target network and the deploy export)")
+        if self.engine == "fsdp":
+            # each rank draws its own interval, so ranks make different numbers of forwards: an FSDP
+            # forward gathers across ranks and would wait forever
+            raise ValueError("stage 2 runs on engine zero2 or torch (each rank draws its own CD interval)")
+        return self

@@ -108,10 +108,14 @@ class DenoiserRun(StageRun):
         """The stage's math for one micro-batch (forward through ``self.model``; the caller backward)."""
         raise NotImplementedError
 
+    def after_optimizer_step(self, step: int) -> None:
+        """Called once the step's update is applied (the EMA updates here)."""
+
     def train_step(self, step: int) -> dict[str, float]:
         """grad_accum micro-batches, then mark them consumed. An epoch budget that is not a multiple
         of grad_accum ends the epoch inside a step: the closing epoch's keys are marked first."""
         sec, ga = self.section, self.section.grad_accum
+        self.current_step = step
         sums = StepSums(DEVICE_SUMS, HOST_SUMS, self.device)
         keys_done: list[Any] = []
         for micro in range(ga):
@@ -144,6 +148,7 @@ class DenoiserRun(StageRun):
                 ]
             )
         self.data.mark_consumed(keys_done)
+        self.after_optimizer_step(step)
         tot = sums.reduce()
         n_micro, n_samples = ga * self.world, tot["samples"]
         lr, cond_lr = self.model.lrs()
@@ -169,7 +174,9 @@ class DenoiserRun(StageRun):
 
     # -- validation and export --------------------------------------------------------------------
 
-    def predict(self, x_t: torch.Tensor, t: float, keys: list[list[str]], ids: torch.Tensor) -> torch.Tensor:
+    def predict(
+        self, x_t: torch.Tensor, t: float, keys: list[list[str]], ids: torch.Tensor, x0: torch.Tensor
+    ) -> torch.Tensor:
         """The velocity the validation modes score (bidirectional; a causal stage overrides it)."""
         return self.model.infer(**self.kwargs(x_t, t, keys, ids))
 

@@ -24,8 +24,9 @@ from gc25d_core.vocab import UNKNOWN, Vocab, check_ids
 
 VAL_MODES = ("cond", "uncond", "null_text")
 
-# (x_t, t, per-cell text keys [B][cells], ids [B, F, h, w]) -> the model's velocity prediction
-Predict = Callable[[torch.Tensor, float, list[list[str]], torch.Tensor], torch.Tensor]
+# (x_t, t, per-cell text keys [B][cells], ids [B, F, h, w], the clean x0 a causal model's teacher
+# forcing conditions on) -> the model's velocity prediction
+Predict = Callable[[torch.Tensor, float, list[list[str]], torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -86,11 +87,13 @@ def validate_modes(
         clip, weight = clips[i % len(clips)], float(i < len(clips))
         for j, (t_req, t) in enumerate(zip(val.timesteps, ts, strict=True)):
             gen = generator(val.seed, "val", clip.sample_id, t_req)
-            _, x_t, target = ti2v_inputs(schedule, clip.latent[None], t, gen, device)
+            x0, x_t, target = ti2v_inputs(schedule, clip.latent[None], t, gen, device)
             for m, mode in enumerate(VAL_MODES):
                 ids = torch.full_like(clip.ids, UNKNOWN) if mode == "uncond" else clip.ids
                 keys = [NULL_KEY] * len(clip.keys) if mode == "null_text" else clip.keys
-                sums[m * len(ts) + j] += weight * float(cell_mse(predict(x_t, t, [keys], ids[None]), target))
+                sums[m * len(ts) + j] += weight * float(
+                    cell_mse(predict(x_t, t, [keys], ids[None], x0), target)
+                )
                 if mode == "cond" and sem_rms is not None:
                     sums[-1] += weight * sem_rms()
     tot = all_reduce(sums.tolist(), device)

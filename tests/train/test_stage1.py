@@ -12,7 +12,8 @@ import torch
 
 from gc25d_core.flow import DEPLOY_AXIS, WAN_SCHEDULE
 from gc25d_core.report import StdoutReporter
-from gc25d_core.train.stage1_tf import noise_per_cell, run_stage1
+from gc25d_core.train.causal_run import noise_per_cell
+from gc25d_core.train.stage1_tf import run_stage1
 from tests.models.tiny import kv_cell_output, make_inputs
 from tests.train.world import stage1_world
 

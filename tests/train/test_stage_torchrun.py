@@ -13,17 +13,23 @@ import pytest
 import torch
 
 from tests.train.resume_checks import assert_same_tensors, launch, records
-from tests.train.world import sft_world, stage1_world, write_config
+from tests.train.world import sft_world, stage1_world, stage2_world, write_config
 
 pytestmark = pytest.mark.slow
 
 STEPS = 12
 SECTION = {"max_steps": STEPS, "state_every": 4, "save_every": 6, "val": {"every": 6, "num_clips": 2}}
 # (stage, engine): zero2 = accelerate + DeepSpeed ZeRO-2 (the presets' engine), torch = DDP, fsdp = FULL_SHARD
-RUNS = (("sft", "zero2"), ("sft", "torch"), ("sft", "fsdp"), ("stage1_tf", "zero2"))
-WORLDS = {"sft": sft_world, "stage1_tf": stage1_world}
-COND_LR = {"sft": 1e-3, "stage1_tf": 1e-4}  # stage 1 has one lr for every parameter
-VAL_STEPS = {"sft": [6, 12], "stage1_tf": [0, 6, 12]}  # stage 1 validates its starting point
+RUNS = (("sft", "zero2"), ("sft", "torch"), ("sft", "fsdp"), ("stage1_tf", "zero2"), ("stage2_cd", "zero2"))
+WORLDS = {"sft": sft_world, "stage1_tf": stage1_world, "stage2_cd": stage2_world}
+# stage 2: the EMA starts at step 3, so the kill at step 10 (resume from 8) is well past its start
+EXTRA = {"stage2_cd": {"ema": {"start_step": 3}}}
+COND_LR = {"sft": 1e-3, "stage1_tf": 1e-4, "stage2_cd": 1e-4}  # stage 1 has one lr for every parameter
+VAL_STEPS = {
+    "sft": [6, 12],
+    "stage1_tf": [0, 6, 12],
+    "stage2_cd": [0, 6, 12],
+}  # stage 1 validates its starting point
 
 
 def _launch(stage: str, config: Path, run_dir: Path, fault: str | None = None):
@@ -35,7 +41,7 @@ def _launch(stage: str, config: Path, run_dir: Path, fault: str | None = None):
 def runs(request, tmp_path_factory):
     stage, engine = request.param
     root = tmp_path_factory.mktemp(f"{stage}_{engine}")
-    cfg = WORLDS[stage](root, {**SECTION, "engine": engine})
+    cfg = WORLDS[stage](root, {**SECTION, "engine": engine, **EXTRA.get(stage, {})})
     config = write_config(cfg, root / "run.yaml")
 
     full = _launch(stage, config, root / "full")
@@ -120,7 +126,7 @@ def test_exports_load_with_the_gcdit_loaders(runs):
     path = runs["full"] / "exports" / "step-000012.safetensors"
     sd, meta = read_export(path)
     assert meta.vocab == "parts" and meta.data == "codeworld"
-    assert (meta.causal is not None) == (runs["stage"] == "stage1_tf")
+    assert (meta.causal is not None) == (runs["stage"] != "sft")
     assert meta.extra["stage"] == runs["stage"] and meta.extra["step"] == "12"
     assert json.loads(meta.extra["flow"]) == {"template": "Wan", "shift": 5.0, "num_steps": 1000}
     model, _ = load_gc_weights(path)

@@ -197,17 +197,22 @@ def write_config(cfg: Gc25dConfig, path: Path) -> Path:
     return write_resolved(cfg, path.parent, path.name)
 
 
-def random_teacher(cfg: Gc25dConfig, root: Path, seed: int = 0) -> Path:
-    """A teacher.json hand-off naming a seeded random tiny GcDiT export (stands in for the SFT pick
-    where a test needs only a valid init, not a trained one)."""
-    from gc25d_core.models.configs import build_gcdit, tiny_config
+def random_teacher(cfg: Gc25dConfig, root: Path, seed: int = 0, causal: bool = False) -> Path:
+    """A hand-off naming a seeded random tiny GcDiT export: the SFT pick's teacher.json, or with
+    ``causal`` stage 1's final.json (a causal export with the deploy attention and axis). Stands in
+    where a test needs only a valid init, not a trained one."""
+    from gc25d_core.flow import DEPLOY_AXIS
+    from gc25d_core.models.configs import DEPLOY_CAUSAL, build_gcdit, tiny_config
     from gc25d_core.models.export import save_export
-    from gc25d_core.train.handoff import TEACHER, handoff_of, write_handoff_file
+    from gc25d_core.train.handoff import FINAL, TEACHER, handoff_of, write_handoff_file
 
     torch.manual_seed(seed)
     model = build_gcdit(tiny_config(vocab=cfg.vocab))
-    export = save_export(root / "teacher" / "step-000001.safetensors", model, data="codeworld")
-    return write_handoff_file(root / "teacher" / TEACHER, handoff_of("sft", 1, Path(export)))
+    folder = root / ("stage1" if causal else "teacher")
+    kw: dict[str, Any] = {"causal": DEPLOY_CAUSAL, "denoise_axis": DEPLOY_AXIS.timesteps} if causal else {}
+    export = save_export(folder / "step-000001.safetensors", model, data="codeworld", **kw)
+    stage, name = ("stage1_tf", FINAL) if causal else ("sft", TEACHER)
+    return write_handoff_file(folder / name, handoff_of(stage, 1, Path(export)))
 
 
 def stage1_world(
@@ -223,3 +228,16 @@ def stage1_world(
     return with_stage(
         cfg, "stage1_tf", "tiny", deep_merge({"model": {"handoff": str(teacher)}}, stage1 or {})
     )
+
+
+def stage2_world(
+    root: Path, stage2: dict[str, Any] | None = None, *, latents: Literal["random", "from_ids"] = "random"
+) -> Gc25dConfig:
+    """The SFT world plus a stage-2 section (configs/stage2_cd/tiny.yaml merged with ``stage2``) whose
+    init and teacher are a random causal export's final.json."""
+    from gc25d_core.config import deep_merge
+    from gc25d_core.train.presets import with_stage
+
+    cfg = sft_world(root, latents=latents)
+    stage1 = random_teacher(cfg, root, causal=True)
+    return with_stage(cfg, "stage2_cd", "tiny", deep_merge({"model": {"handoff": str(stage1)}}, stage2 or {}))

@@ -11,7 +11,7 @@ import dagster as dg
 from pydantic import Field
 
 from gc25d_core.config import config_from_yaml
-from gc25d_core.train.handoff import TEACHER, handoff_of, write_handoff_file
+from gc25d_core.train.handoff import FINAL, TEACHER, handoff_of, write_handoff_file
 from gc25d_core.train.pick import PickError, pick_sft_run
 from gc25d_core.train.sft import sft_config
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
@@ -85,4 +85,14 @@ stage1_tf = stage_asset(
     kinds=("torch", "deepspeed"),
     description="SPEC §8 stage 1: the causal student by teacher forcing from the picked teacher "
     "(teacher.json); its final.json is stage 2's init.",
+)
+
+
+stage2_cd = stage_asset(
+    "stage2_cd",
+    "stage2_cd",
+    init_from=(stage1_tf, FINAL, "export"),
+    kinds=("torch", "deepspeed"),
+    description="SPEC §8 stage 2: causal consistency distillation onto the 4-step deploy axis with an EMA "
+    "target, from stage 1's final export; its EMA exports are the deploy candidate and stage 3's init.",
 )
