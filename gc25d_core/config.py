@@ -26,7 +26,7 @@ from pydantic import (
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.schema import ConfigError, Strict, format_validation_error
-from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config
+from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config
 
 __all__ = ["ConfigError", "Gc25dConfig", "Strict", "format_validation_error", "load_config"]
 
@@ -219,6 +219,9 @@ class Gc25dConfig(Strict):
     )
     stage2_cd: Stage2Config | None = Field(
         default=None, description="SPEC §8 stage 2, consistency distillation (configs/stage2_cd/)"
+    )
+    stage3_dmd: Stage3Config | None = Field(
+        default=None, description="SPEC §8 stage 3, DMD with self-rollout (configs/stage3_dmd/)"
     )
 
 

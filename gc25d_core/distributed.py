@@ -89,3 +89,14 @@ def shard(items: Sequence[T], rank: int | None = None, world: int | None = None)
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside world of {world}")
     return list(items[rank::world])
+
+
+def broadcast_ints(values: Sequence[int], device, src: int = 0) -> list[int]:
+    """``values`` as rank ``src`` has them, on every rank (a draw made once, shared)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(list(values), dtype=torch.int64, device=device)
+    if dist_active():
+        dist.broadcast(t, src=src)
+    return [int(v) for v in t.tolist()]

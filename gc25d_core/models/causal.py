@@ -365,7 +365,7 @@ def _noise_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
 
 
 def denoise_cell(
-    model: GcDiT,
+    model: Callable[..., Any],
     cache: KVCache,
     cell: int,
     x_init: torch.Tensor,
@@ -425,8 +425,17 @@ class CausalStreamer:
     """Stateful per-cell generation (deploy): ``start`` prefills the anchor cell at t=0, each
     ``step`` denoises and commits the next cell."""
 
-    def __init__(self, model: GcDiT, spec: CausalConfig, timesteps: Sequence[float]):
+    def __init__(
+        self,
+        model: GcDiT,
+        spec: CausalConfig,
+        timesteps: Sequence[float],
+        forward: Callable[..., Any] | None = None,
+    ):
+        """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
+        its shards there); default the model itself. The cache is always the model's."""
         self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)
+        self.forward = model if forward is None else forward
         self.cache: KVCache | None = None
         self.next_cell = 0
 
@@ -434,7 +443,7 @@ class CausalStreamer:
     def start(self, anchor: torch.Tensor, text: TextContext, sem_ids: torch.Tensor | None = None) -> None:
         """Prefill the clean anchor cell ``[B, C, 1, H, W]`` at t=0."""
         self.cache = self.model.new_kv_cache(self.spec, anchor.shape[-2:])
-        self.model(
+        self.forward(
             anchor, 0.0, text, sem_ids, mode="kv", cell=0, cache=self.cache, commit=True, return_output=False
         )
         self._cell_like = anchor
@@ -456,7 +465,7 @@ class CausalStreamer:
         if x_init is None:
             x_init = _noise_like(self._cell_like, generator)
         x0 = denoise_cell(
-            self.model,
+            self.forward,
             self.cache,
             self.next_cell,
             x_init,

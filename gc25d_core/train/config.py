@@ -244,3 +244,41 @@ class Stage2Config(CausalStageConfig):
             # forward gathers across ranks and would wait forever
             raise ValueError("stage 2 runs on engine zero2 or torch (each rank draws its own CD interval)")
         return self
+
+
+class Stage3Config(CausalStageConfig):
+    """SPEC §8 stage 3: DMD with self-rollout. The generator (``model``) is the stage-2 EMA final
+    export (causal); the real score and the critic start from the SFT teacher (``real``,
+    bidirectional); the real score is frozen. Per optimizer step the critic takes ``critic_steps``
+    steps on fresh rollouts, then the generator one. A rollout has ``min_cells``..``max_cells``
+    cells (cell 0 the real anchor) and one exit step, both drawn on rank 0 and broadcast; the last
+    ``grad_horizon`` cells carry the generator's gradient; the scored clip is cell 0 + those cells."""
+
+    engine: EngineKind = "fsdp"
+    grad_accum: int = Field(default=1, ge=1, le=1, description="one rollout per optimizer step")
+    real: ModelConfig = Field(default_factory=lambda: ModelConfig(init="random"))
+    critic_optim: OptimConfig = OptimConfig(
+        lr=1e-6, cond_lr=None, betas=(0.0, 0.999), weight_decay=0.01, warmup_steps=100, grad_clip=10.0
+    )
+    critic_steps: int = Field(default=5, ge=1)
+    min_cells: int = Field(default=21, ge=2)
+    max_cells: int = Field(default=27, ge=2)
+    grad_horizon: int = Field(default=20, ge=1)
+    t_min: float = Field(default=20.0, ge=0.0, description="DMD t clamp (the anchors' [20, 980])")
+    t_max: float = Field(default=980.0, le=1000.0)
+    time_phases: bool = Field(
+        default=False,
+        description="synchronise the device around rollout / critic / generator for their times (benchmarks)",
+    )
+    ema: EmaConfig = EmaConfig(enabled=True, decay=0.99, start_step=100)
+    dropout: DropoutConfig = DropoutConfig(enabled=False)
+
+    @model_validator(mode="after")
+    def _check_stage3(self) -> Stage3Config:
+        if not self.min_cells <= self.max_cells:
+            raise ValueError(f"min_cells={self.min_cells} > max_cells={self.max_cells}")
+        if self.grad_horizon > self.min_cells - 1:
+            raise ValueError(f"grad_horizon={self.grad_horizon} needs min_cells >= {self.grad_horizon + 1}")
+        if not self.ema.enabled:
+            raise ValueError("stage 3 keeps its EMA (ema.enabled): its EMA exports are what deploy takes")
+        return self

@@ -92,11 +92,24 @@ class TrainingSample:
     cond_dropped: bool = False
     masked: bool = False
     masked_frac: float = 0.0
+    # the rollout extension (cells 21..27) where the clip has one: ids uint8 [28,h,w], 7 text keys
+    ext_ids: torch.Tensor | None = None
+    ext_keys: list[str] | None = None
 
     def pin_memory(self) -> TrainingSample:
         """Called by the DataLoader's pin thread (``pin_memory=True``), so the trainer's host-to-device
         copies can be non-blocking."""
-        return dataclasses.replace(self, latent=self.latent.pin_memory(), ids=self.ids.pin_memory())
+        ext = None if self.ext_ids is None else self.ext_ids.pin_memory()
+        return dataclasses.replace(
+            self, latent=self.latent.pin_memory(), ids=self.ids.pin_memory(), ext_ids=ext
+        )
+
+    def all_ids(self) -> torch.Tensor:
+        """The clip's ids for every cell it has: [81 (+28), h, w] (cells 0..20, then 21..27)."""
+        return self.ids if self.ext_ids is None else torch.cat([self.ids, self.ext_ids])
+
+    def all_keys(self) -> list[str]:
+        return self.keys if self.ext_keys is None else [*self.keys, *self.ext_keys]
 
 
 class SampleTransform:
@@ -171,6 +184,10 @@ class SampleTransform:
         check_ids(ids, self.vocab, f"{sample.key.sample_id}: cond_ids")  # the model skips its check
         keys = [self.key_of(p) for p in sample.meta["prompts"]]
         out = TrainingSample(sample.key.sample_id, tensors["latent"], tensors["cond_ids"], keys)
+        if "cond_ext_ids" in tensors:
+            out.ext_ids = tensors["cond_ext_ids"]
+            check_ids(out.ext_ids.numpy(), self.vocab, f"{sample.key.sample_id}: cond_ext_ids")
+            out.ext_keys = [self.key_of(p) for p in sample.meta["ext_prompts"]]
         if not self.dropout.enabled:
             return out
         epoch = int(getattr(self.dataset, "epoch", 0))
@@ -238,6 +255,7 @@ class TrainingStream:
         micro_batch: int,
         device: torch.device,
         resume: dict[str, Any] | None,
+        exclude: tuple[str, ...] = (),
     ):
         from gc25d_core.cache.consumer import ConsumerConfig, StreamingCache
         from gc25d_core.cache.manifest import ManifestRef
@@ -251,6 +269,7 @@ class TrainingStream:
             batch_size=micro_batch,
             interleave=data.interleave,
             on_shard_failure=data.on_shard_failure,
+            extra_exclude_sample_ids=exclude,
         )
         manifest: Any = data.manifest_version
         if resume is not None:

@@ -20,6 +20,7 @@ from gc25d_core.checkpoint import step_name
 from gc25d_core.distributed import barrier
 from gc25d_core.train.config import StageConfig
 from gc25d_core.train.data import TextBank, TrainingSample, TrainingStream, generator, load_text_table
+from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained, build_engine
 from gc25d_core.train.inputs import model_kwargs
 from gc25d_core.train.loop import StageRun
@@ -41,6 +42,7 @@ class MicroLoss(NamedTuple):
 
 class DenoiserRun(StageRun):
     section: StageConfig
+    ema: Ema | None = None  # a stage that keeps one sets it in build: saved, updated and exported here
 
     def build(self, resume: ResumePoint) -> None:
         sec = self.section
@@ -53,6 +55,11 @@ class DenoiserRun(StageRun):
             device=self.device,
             resume=resume.data,
         )
+        self.build_models_and_validation()
+
+    def build_models_and_validation(self) -> None:
+        """The text bank, engine, trained model and validation clips (after ``self.data``)."""
+        sec = self.section
         self.text = TextBank(load_text_table(self.cfg, sec.data), self.device)
         self.engine = build_engine(sec, self.device, self.precision)
         model = build_model(self.cfg, sec.model, self.device, self.engine.build_dtype)
@@ -66,7 +73,10 @@ class DenoiserRun(StageRun):
             self.rep.log("the snapshot has no val clips: validation is skipped", level="warning")
 
     def state_parts(self) -> dict[str, Stateful]:
-        return {"model": self.model, "rng": RngState()}
+        parts: dict[str, Stateful] = {"model": self.model, "rng": RngState()}
+        if self.ema is not None:
+            parts["ema"] = self.ema
+        return parts
 
     def data_state(self) -> dict[str, Any]:
         return self.data.state()
@@ -109,7 +119,9 @@ class DenoiserRun(StageRun):
         raise NotImplementedError
 
     def after_optimizer_step(self, step: int) -> None:
-        """Called once the step's update is applied (the EMA updates here)."""
+        """Called once the step's update is applied: the EMA follows it."""
+        if self.ema is not None:
+            self.ema.update(step)
 
     def train_step(self, step: int) -> dict[str, float]:
         """grad_accum micro-batches, then mark them consumed. An epoch budget that is not a multiple
@@ -213,17 +225,20 @@ class DenoiserRun(StageRun):
         return {"extra": extra}
 
     def export(self, step: int) -> list[Path]:
+        """exports/step-N.safetensors, and exports/ema/step-N.safetensors for a stage with an EMA
+        (collective: every rank gathers, rank 0 writes)."""
         from gc25d_core.models.export import save_export
 
         path = self.export_dir / f"{step_name(step)}.safetensors"
-        weights = self.model.full_state_dict()
+        outputs = [(path, self.model.full_state_dict(), "model")]
+        if self.ema is not None:
+            outputs.append((self.export_dir / "ema" / path.name, self.ema.full_state_dict(), "ema"))
         if self.rank == 0:
-            save_export(
-                path,
-                weights,
-                dit_config=self.dit_config,
-                data=self.section.data_tag,
-                **self.export_metadata(step),
-            )
+            for out, weights, which in outputs:
+                meta = self.export_metadata(step)
+                if self.ema is not None:
+                    meta["extra"]["weights"] = which
+                out.parent.mkdir(parents=True, exist_ok=True)
+                save_export(out, weights, dit_config=self.dit_config, data=self.section.data_tag, **meta)
         barrier()
-        return [path]
+        return [out for out, _, _ in outputs]

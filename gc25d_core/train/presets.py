@@ -9,13 +9,14 @@ from pydantic import ValidationError
 from gc25d_core.config import CONFIGS_DIR, Gc25dConfig, deep_merge, read_yaml
 from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.schema import ConfigError, format_validation_error
-from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, StageConfig
+from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config, StageConfig
 
 # the run config's field of each stage and its section type
 STAGES: dict[str, type[StageConfig]] = {
     "sft": SftConfig,
     "stage1_tf": Stage1Config,
     "stage2_cd": Stage2Config,
+    "stage3_dmd": Stage3Config,
 }
 
 

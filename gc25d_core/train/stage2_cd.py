@@ -27,9 +27,7 @@ from typing import Any
 
 import torch
 
-from gc25d_core.checkpoint import step_name
 from gc25d_core.config import Gc25dConfig
-from gc25d_core.distributed import barrier
 from gc25d_core.flow import FlowSchedule
 from gc25d_core.report import Reporter
 from gc25d_core.train.causal_run import CausalRun, cells_at, noise_per_cell
@@ -40,7 +38,7 @@ from gc25d_core.train.ema import Ema
 from gc25d_core.train.inputs import draw_noise, to_device
 from gc25d_core.train.model import build_model, init_export
 from gc25d_core.train.presets import stage_config
-from gc25d_core.train.state import ResumePoint, Stateful
+from gc25d_core.train.state import ResumePoint
 
 __all__ = ["Stage2Run", "cd_target", "interval_points", "run_stage2", "teacher_solve"]
 
@@ -94,13 +92,7 @@ class Stage2Run(CausalRun):
         self.teacher = self.engine.frozen(
             build_model(self.cfg, sec.model, self.device, self.engine.build_dtype)
         )
-        self.ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
-
-    def state_parts(self) -> dict[str, Stateful]:
-        return {**super().state_parts(), "ema": self.ema}
-
-    def after_optimizer_step(self, step: int) -> None:
-        self.ema.update(step)
+        self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
 
     def _velocity(self, module: Callable[..., torch.Tensor], x0, keys, ids) -> Velocity:
         """(x_t, t) -> v of ``module`` with every noisy cell at t, the clean past x0; cell 0 stays clean."""
@@ -129,7 +121,8 @@ class Stage2Run(CausalRun):
 
             def target_x0(x: torch.Tensor, t: float) -> torch.Tensor:
                 # before the EMA starts its shadow is the weights: skip the no-op swap
-                swap = self.ema.swapped_in() if self.ema.started else contextlib.nullcontext()
+                ema = self.ema
+                swap = ema.swapped_in() if ema.started else contextlib.nullcontext()
                 with swap:
                     return x - float(self.schedule.sigma(t)) * target_v(x, t)
 
@@ -149,20 +142,6 @@ class Stage2Run(CausalRun):
             ema=json.dumps({"decay": self.section.ema.decay, "start_step": self.section.ema.start_step}),
         )
         return meta
-
-    def export(self, step: int) -> list[Path]:
-        from gc25d_core.models.export import save_export
-
-        paths = super().export(step)
-        ema_path = self.export_dir / "ema" / f"{step_name(step)}.safetensors"
-        weights = self.ema.full_state_dict()
-        if self.rank == 0:
-            ema_path.parent.mkdir(parents=True, exist_ok=True)
-            meta = self.export_metadata(step)
-            meta["extra"]["weights"] = "ema"
-            save_export(ema_path, weights, dit_config=self.dit_config, data=self.section.data_tag, **meta)
-        barrier()
-        return [*paths, ema_path]
 
 
 def run_stage2(

@@ -14,6 +14,6 @@ full_chain = dg.define_asset_job(
 # chosen snapshot, e.g. `dagster job launch -j sft_job --tags '{"dagster/partition": "v000001"}'`).
 sft_job = dg.define_asset_job(
     "sft_job",
-    selection=dg.AssetSelection.assets("sft", "sft_teacher", "stage1_tf", "stage2_cd"),
+    selection=dg.AssetSelection.assets("sft", "sft_teacher", "stage1_tf", "stage2_cd", "stage3_dmd"),
     tags={"gpu": "true", "dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"},
 )

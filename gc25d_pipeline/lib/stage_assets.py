@@ -113,6 +113,7 @@ def stage_asset(
     deps: Sequence[dg.AssetsDefinition | str] = (),
     module: str | None = None,
     init_from: HandoffSource | tuple[dg.AssetsDefinition, str, Literal["export", "ema"]] | None = None,
+    real_from: HandoffSource | tuple[dg.AssetsDefinition, str, Literal["export", "ema"]] | None = None,
     description: str | None = None,
     partitions_def: dg.PartitionsDefinition = cache_snapshots,
     pool: str = "gpu",
@@ -126,7 +127,8 @@ def stage_asset(
 
     ``init_from`` (upstream asset, hand-off file name, "export" | "ema") sets ``model.init: handoff``
     and ``model.handoff`` to that file in the upstream's run folder for the same partition; the
-    upstream becomes a dependency. Definition errors (unknown stage, missing entry module, a
+    upstream becomes a dependency. ``real_from`` does the same for the section's ``real`` model (stage
+    3's real score and critic init). Definition errors (unknown stage, missing entry module, a
     hand-off name that is not a file name, an upstream without a run folder or on other partitions)
     raise ValueError when the code location loads."""
     check_name(name, "stage asset name")
@@ -135,27 +137,34 @@ def stage_asset(
     module = module or f"gc25d_core.jobs.{stage}"
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"stage asset {name}: module={module!r} (the torchrun entry point) does not exist")
-    source = HandoffSource(*init_from) if init_from is not None else None
+    # section field -> where its weights come from
+    sources = {
+        field: HandoffSource(*src)
+        for field, src in (("model", init_from), ("real", real_from))
+        if src is not None
+    }
     all_deps = list(deps)
-    if source is not None:
+    for field, source in sources.items():
         upstream = source.asset.key.to_user_string()
+        what = "init_from" if field == "model" else "real_from"
         try:
-            check_name(source.file, f"init_from file of {name}")
+            check_name(source.file, f"{what} file of {name}")
         except InvalidNameError as e:
             raise ValueError(str(e)) from None
         if source.export not in ("export", "ema"):
-            raise ValueError(f"stage asset {name}: init_from export={source.export!r} (export | ema)")
+            raise ValueError(f"stage asset {name}: {what} export={source.export!r} (export | ema)")
         if source.asset.partitions_def != partitions_def:
             raise ValueError(
-                f"stage asset {name}: init_from {upstream} is partitioned by "
+                f"stage asset {name}: {what} {upstream} is partitioned by "
                 f"{source.asset.partitions_def}, not {partitions_def}: its hand-off is read for the same key"
             )
         run_folder_of(source.asset)  # fail at load, not at the first launch
         if not any(_key_of(d) == source.asset.key for d in all_deps):
             all_deps.append(source.asset)
     metadata: dict[str, Any] = {RUN_FOLDER_KEY: name, "gc25d/stage": stage, "gc25d/entry_module": module}
-    if source is not None:
-        metadata["gc25d/init_from"] = f"{upstream}: {source.file} ({source.export})"
+    for field, source in sources.items():
+        what = "init_from" if field == "model" else "real_from"
+        metadata[f"gc25d/{what}"] = f"{source.asset.key.to_user_string()}: {source.file} ({source.export})"
 
     @dg.asset(
         name=name,
@@ -177,10 +186,14 @@ def stage_asset(
     ) -> dg.MaterializeResult:
         base = project.config()
         overrides: dict[str, Any] = {"data": {"manifest_version": manifest_version_of(context.partition_key)}}
-        handoff = None
-        if source is not None:
-            handoff = handoff_path(project, base, source, context)
-            overrides["model"] = {"init": "handoff", "handoff": str(handoff), "handoff_export": source.export}
+        handoffs = {}
+        for field, source in sources.items():
+            handoffs[field] = handoff_path(project, base, source, context)
+            overrides[field] = {
+                "init": "handoff",
+                "handoff": str(handoffs[field]),
+                "handoff_export": source.export,
+            }
         try:
             cfg = with_stage(base, stage, config.stage_preset or base.name, overrides)
         except ConfigError as e:  # a bad preset name or section: the same on every retry
@@ -190,10 +203,16 @@ def stage_asset(
             ["--fresh"] if config.fresh else []
         )
         mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
-        if handoff is None:
+        if not handoffs:
             return mat
-        # the launch's summary, and which hand-off file this run started from
-        launched = {**(mat.metadata or {}), "init_handoff": dg.MetadataValue.path(str(handoff))}
+        # the launch's summary, and which hand-off files this run started from
+        launched = {
+            **(mat.metadata or {}),
+            **{
+                "init_handoff" if f == "model" else f"{f}_handoff": dg.MetadataValue.path(str(p))
+                for f, p in handoffs.items()
+            },
+        }
         return dg.MaterializeResult(metadata=launched, data_version=mat.data_version)
 
     return _asset

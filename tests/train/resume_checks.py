@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMING_KEYS = ("step_s", "samples_per_s", "eta_s", "data_wait_s")
+TIMING_KEYS = ("samples_per_s", "eta_s")  # and every "*_s" key: wall-clock seconds
 
 
 def launch(
@@ -36,7 +36,7 @@ def records(path: Path, drop: tuple[str, ...] = TIMING_KEYS) -> list[dict[str, A
     out = []
     for line in path.read_text().splitlines():
         if line.strip():
-            out.append({k: v for k, v in json.loads(line).items() if k not in drop})
+            out.append({k: v for k, v in json.loads(line).items() if k not in drop and not k.endswith("_s")})
     return out
 
 

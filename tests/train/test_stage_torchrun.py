@@ -13,23 +13,38 @@ import pytest
 import torch
 
 from tests.train.resume_checks import assert_same_tensors, launch, records
-from tests.train.world import sft_world, stage1_world, stage2_world, write_config
+from tests.train.world import sft_world, stage1_world, stage2_world, stage3_world, write_config
 
 pytestmark = pytest.mark.slow
 
 STEPS = 12
 SECTION = {"max_steps": STEPS, "state_every": 4, "save_every": 6, "val": {"every": 6, "num_clips": 2}}
 # (stage, engine): zero2 = accelerate + DeepSpeed ZeRO-2 (the presets' engine), torch = DDP, fsdp = FULL_SHARD
-RUNS = (("sft", "zero2"), ("sft", "torch"), ("sft", "fsdp"), ("stage1_tf", "zero2"), ("stage2_cd", "zero2"))
-WORLDS = {"sft": sft_world, "stage1_tf": stage1_world, "stage2_cd": stage2_world}
-# stage 2: the EMA starts at step 3, so the kill at step 10 (resume from 8) is well past its start
-EXTRA = {"stage2_cd": {"ema": {"start_step": 3}}}
-COND_LR = {"sft": 1e-3, "stage1_tf": 1e-4, "stage2_cd": 1e-4}  # stage 1 has one lr for every parameter
-VAL_STEPS = {
-    "sft": [6, 12],
-    "stage1_tf": [0, 6, 12],
-    "stage2_cd": [0, 6, 12],
-}  # stage 1 validates its starting point
+RUNS = (
+    ("sft", "zero2"),
+    ("sft", "torch"),
+    ("sft", "fsdp"),
+    ("stage1_tf", "zero2"),
+    ("stage2_cd", "zero2"),
+    ("stage3_dmd", "fsdp"),
+)
+WORLDS = {"sft": sft_world, "stage1_tf": stage1_world, "stage2_cd": stage2_world, "stage3_dmd": stage3_world}
+# the EMAs start at step 3, so the kill at step 10 (resume from 8) is well past their start
+EXTRA = {
+    "stage2_cd": {"ema": {"start_step": 3}},
+    # stage 3: one critic step per generator step and shorter rollouts keep the test short
+    "stage3_dmd": {
+        "ema": {"start_step": 3},
+        "critic_steps": 1,
+        "max_cells": 23,
+        "optim": {"warmup_steps": 5},
+    },
+}
+LOSS = {"stage3_dmd": "gen_loss"}
+# the distillation stages have one lr for every parameter
+COND_LR = {"sft": 1e-3, "stage1_tf": 1e-4, "stage2_cd": 1e-4, "stage3_dmd": 1e-4}
+# the causal stages 1 and 2 also validate their starting point (val.at_start)
+VAL_STEPS = {"sft": [6, 12], "stage1_tf": [0, 6, 12], "stage2_cd": [0, 6, 12], "stage3_dmd": [6, 12]}
 
 
 def _launch(stage: str, config: Path, run_dir: Path, fault: str | None = None):
@@ -68,7 +83,12 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
     full = runs["full"]
     curve = records(full / "metrics.jsonl")
     assert [r["step"] for r in curve] == list(range(1, STEPS + 1))
-    assert all(r["loss"] > 0 and r["grad_norm"] > 0 for r in curve)
+    loss = LOSS.get(runs["stage"], "loss")
+    assert all(r[loss] > 0 and r["grad_norm"] > 0 for r in curve)
+    if runs["stage"] == "stage3_dmd":  # the rollout's cell count and exit step: the same on every rank
+        assert all(r["rollout_cells_min"] == r["rollout_cells_max"] for r in curve)
+        assert all(r["exit_step_min"] == r["exit_step_max"] for r in curve)
+        assert len({r["rollout_cells_min"] for r in curve}) > 1  # and drawn anew per step
     assert curve[0]["lr"] < curve[-1]["lr"] == pytest.approx(1e-4)  # warmup then constant
     assert curve[-1]["cond_lr"] == pytest.approx(COND_LR[runs["stage"]])
     assert sorted(p.name for p in (full / "state").iterdir()) == ["step-000008", "step-000012"]

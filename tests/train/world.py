@@ -13,7 +13,16 @@ from gc25d_core.cache.from_layout import pack_and_publish
 from gc25d_core.codeworld.camera import CAMERA_VARIANTS, aimed_pose, camera_matrices
 from gc25d_core.config import Gc25dConfig, load_config, write_resolved
 from gc25d_core.index import ClipRow, write_index
-from gc25d_core.layout import NUM_CAPSULES, Layout, Shapes, clip_id, write_cond, write_latents, write_meta
+from gc25d_core.layout import (
+    NUM_CAPSULES,
+    Layout,
+    Shapes,
+    clip_id,
+    write_cond,
+    write_cond_ext,
+    write_latents,
+    write_meta,
+)
 from gc25d_core.text import block_to_prompt, text_data
 from gc25d_core.timeline import cell_blocks
 from gc25d_core.train.sft import with_sft
@@ -41,8 +50,8 @@ def _ids(shapes: Shapes, rng: np.random.Generator) -> np.ndarray:
     return ids
 
 
-def _meta(cfg: Gc25dConfig, shapes: Shapes, start: int) -> dict[str, np.ndarray]:
-    f = shapes.meta_frames(False)
+def _meta(cfg: Gc25dConfig, shapes: Shapes, start: int, has_ext: bool = False) -> dict[str, np.ndarray]:
+    f = shapes.meta_frames(has_ext)
     w2c, w2v, proj = [], [], []
     for k in range(f):
         pose = aimed_pose(
@@ -70,7 +79,7 @@ def _meta(cfg: Gc25dConfig, shapes: Shapes, start: int) -> dict[str, np.ndarray]
     }
 
 
-def synthetic_row(run: str, start: int, split: str, scene: str = "arena") -> ClipRow:
+def synthetic_row(run: str, start: int, split: str, scene: str = "arena", has_ext: bool = False) -> ClipRow:
     """An index row for a fabricated clip (no raw data behind it)."""
     return ClipRow(
         clip_id=clip_id(scene, run, start),
@@ -88,7 +97,7 @@ def synthetic_row(run: str, start: int, split: str, scene: str = "arena") -> Cli
         centered=True,
         n_events=0,
         dead_frac=0.0,
-        has_ext=False,
+        has_ext=has_ext,
         ortho=False,
         ext_look_change=False,
     )
@@ -141,8 +150,13 @@ def write_synthetic_latents(
 
 
 def write_clips(
-    cfg: Gc25dConfig, starts: tuple[int, ...] = STARTS, latents: Literal["random", "from_ids"] = "random"
+    cfg: Gc25dConfig,
+    starts: tuple[int, ...] = STARTS,
+    latents: Literal["random", "from_ids"] = "random",
+    ext: bool = False,
 ) -> list[str]:
+    """Every clip of the world; with ``ext`` each also has its rollout extension (cond_ext: ids of
+    frames s+81..s+108, the 7 extension blocks and prompts), as stage 3 needs."""
     layout, shapes = Layout(cfg.paths.data_root), Shapes.of(cfg)
     data = text_data(cfg.text)
     rows, runs = [], {}
@@ -152,7 +166,7 @@ def write_clips(
         for s in starts:
             cid = clip_id("arena", run, s)
             rng = np.random.default_rng(len(rows) + 7)
-            rows.append(synthetic_row(run, s, split))
+            rows.append(synthetic_row(run, s, split, has_ext=ext))
             blocks20 = np.zeros((20, 5), np.uint8)
             blocks20[:, 0] = rng.integers(0, 9, 20)
             blocks20[:, 2] = (rng.random(20) < 0.2).astype(np.uint8)
@@ -162,7 +176,14 @@ def write_clips(
             latent = latent_from_ids(ids, shapes, seed=len(rows)) if latents == "from_ids" else None
             write_synthetic_latents(layout, shapes, rows[-1], len(rows), prompts, cells, latent)
             write_cond(layout, cid, ids, shapes)
-            write_meta(layout, cid, _meta(cfg, shapes, s), shapes, False)
+            write_meta(layout, cid, _meta(cfg, shapes, s, ext), shapes, ext)
+            if ext:
+                ext_blocks = np.zeros((shapes.timeline.num_ext_cells, 5), np.uint8)
+                ext_blocks[:, 0] = rng.integers(0, 9, len(ext_blocks))
+                ext_ids = _ids(shapes, rng)[: shapes.cond_ext[0]]
+                ext_prompts = np.array([block_to_prompt(b, data) for b in ext_blocks])
+                arrays = {"ids": ext_ids, "blocks": ext_blocks, "prompts": ext_prompts}
+                write_cond_ext(layout.cond_ext(cid), arrays, shapes)
     write_index(layout, rows, runs)
     return [r.clip_id for r in rows]
 
@@ -176,6 +197,7 @@ def sft_world(
     overrides: dict[str, Any] | None = None,
     latents: Literal["random", "from_ids"] = "random",
     section: str | dict[str, Any] | None = None,
+    ext: bool = False,
 ) -> Gc25dConfig:
     """Processed layout + published cache under ``root`` (one shard per run); returns the ``preset``
     config with its sft section = configs/sft/<preset>.yaml merged with ``sft``."""
@@ -188,7 +210,7 @@ def sft_world(
         "cache": {"store": str(root / "cache"), "samples_per_shard": len(starts)},
     }
     cfg = load_config(preset, deep_merge(base, overrides or {}))
-    write_clips(cfg, starts, latents)
+    write_clips(cfg, starts, latents, ext)
     pack_and_publish(cfg)
     return with_sft(cfg, preset if section is None else section, sft)
 
@@ -197,7 +219,9 @@ def write_config(cfg: Gc25dConfig, path: Path) -> Path:
     return write_resolved(cfg, path.parent, path.name)
 
 
-def random_teacher(cfg: Gc25dConfig, root: Path, seed: int = 0, causal: bool = False) -> Path:
+def random_teacher(
+    cfg: Gc25dConfig, root: Path, seed: int = 0, causal: bool = False, stage: str | None = None
+) -> Path:
     """A hand-off naming a seeded random tiny GcDiT export: the SFT pick's teacher.json, or with
     ``causal`` stage 1's final.json (a causal export with the deploy attention and axis). Stands in
     where a test needs only a valid init, not a trained one."""
@@ -208,11 +232,18 @@ def random_teacher(cfg: Gc25dConfig, root: Path, seed: int = 0, causal: bool = F
 
     torch.manual_seed(seed)
     model = build_gcdit(tiny_config(vocab=cfg.vocab))
-    folder = root / ("stage1" if causal else "teacher")
+    stage = stage or ("stage1_tf" if causal else "sft")
+    folder = root / stage
     kw: dict[str, Any] = {"causal": DEPLOY_CAUSAL, "denoise_axis": DEPLOY_AXIS.timesteps} if causal else {}
     export = save_export(folder / "step-000001.safetensors", model, data="codeworld", **kw)
-    stage, name = ("stage1_tf", FINAL) if causal else ("sft", TEACHER)
-    return write_handoff_file(folder / name, handoff_of(stage, 1, Path(export)))
+    # a stage with an EMA (stage 2) hands off an ema/ export too: the same weights here
+    ema = (
+        save_export(folder / "ema" / "step-000001.safetensors", model, data="codeworld", **kw)
+        if causal
+        else None
+    )
+    name = FINAL if causal else TEACHER
+    return write_handoff_file(folder / name, handoff_of(stage, 1, Path(export), ema))
 
 
 def stage1_world(
@@ -241,3 +272,17 @@ def stage2_world(
     cfg = sft_world(root, latents=latents)
     stage1 = random_teacher(cfg, root, causal=True)
     return with_stage(cfg, "stage2_cd", "tiny", deep_merge({"model": {"handoff": str(stage1)}}, stage2 or {}))
+
+
+def stage3_world(root: Path, stage3: dict[str, Any] | None = None) -> Gc25dConfig:
+    """The SFT world with rollout extensions plus a stage-3 section (configs/stage3_dmd/tiny.yaml
+    merged with ``stage3``): the generator a random causal export's EMA (stage 2's final.json), the
+    real score and critic a random teacher's teacher.json."""
+    from gc25d_core.config import deep_merge
+    from gc25d_core.train.presets import with_stage
+
+    cfg = sft_world(root, ext=True)
+    generator = random_teacher(cfg, root, seed=1, causal=True, stage="stage2_cd")
+    teacher = random_teacher(cfg, root, seed=2)
+    base = {"model": {"handoff": str(generator)}, "real": {"handoff": str(teacher)}}
+    return with_stage(cfg, "stage3_dmd", "tiny", deep_merge(base, stage3 or {}))

@@ -96,3 +96,14 @@ stage2_cd = stage_asset(
     description="SPEC §8 stage 2: causal consistency distillation onto the 4-step deploy axis with an EMA "
     "target, from stage 1's final export; its EMA exports are the deploy candidate and stage 3's init.",
 )
+
+
+stage3_dmd = stage_asset(
+    "stage3_dmd",
+    "stage3_dmd",
+    init_from=(stage2_cd, FINAL, "ema"),
+    real_from=(sft_teacher, TEACHER, "export"),
+    kinds=("torch", "fsdp"),
+    description="SPEC §8 stage 3: DMD with self-rollout from stage 2's EMA, the SFT teacher as real score and "
+    "critic init, FSDP; its EMA exports are what deploy takes.",
+)

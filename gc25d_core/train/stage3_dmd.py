@@ -1,0 +1,332 @@
+"""SPEC §8 stage 3: DMD with self-rollout, a critic and FSDP.
+
+Networks: the generator G (causal, the stage-2 EMA final export, trained), the real score (the SFT
+teacher, bidirectional, frozen: never gets gradients) and the critic / fake score (bidirectional,
+initialised from the SFT teacher, trained). One optimizer step = ``critic_steps`` critic updates,
+each on a fresh batch and a fresh no-grad rollout, then one generator update.
+
+Self-rollout (the deploy runtime's code: models.causal.CausalStreamer, the 4-step consistency
+sampler with the commit at t = 0; deploy forces the exit step to the last under no_grad):
+1 + N cells, N + 1 drawn in min_cells..max_cells and one exit step e on rank 0 and broadcast, so
+every rank makes the same forwards (FSDP gathers in each). Cell 0 is the real clean anchor z0;
+cells 1..N denoise with the deploy attention (sink / window / RoPE cap) and the real per-cell ids
+and prompts from cond + extension (has_ext clips only). Steps before e run under no_grad; the exit
+forward holds the graph only for the last ``grad_horizon`` K cells; the commit runs under no_grad,
+so no gradient crosses cells through the cache.
+
+Scored clip ("frankenstein tail"): cell 0 + the last K generated cells, with their ids and prompts;
+cell 0 is clean, t = 0, and masked out of both losses. With one t per clip (clamped to
+[t_min, t_max]) and x_t = (1 − σ)·x + σ·ε:
+    grad = nan_to_num((x̂_fake − x̂_real) / mean|x − x̂_real|)   (per clip, over its unmasked cells)
+    L_G  = ½·mean((x − sg(x − grad))²) in float64, so ∂L_G/∂x = grad / numel on the unmasked cells
+    L_D  = mean((v̂_critic(x_t) − (ε − x))²) on a no-grad rollout (flow matching, no w(t))
+cfg 1.0: one conditional pass of the real score.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from gc25d_core.config import Gc25dConfig
+from gc25d_core.distributed import all_reduce, broadcast_ints
+from gc25d_core.models.configs import CausalConfig
+from gc25d_core.models.sem_cond import cell_frame_slice
+from gc25d_core.report import Reporter
+from gc25d_core.train.causal_run import CausalRun
+from gc25d_core.train.config import Stage3Config
+from gc25d_core.train.data import TrainingSample, TrainingStream, batch_of, generator
+from gc25d_core.train.ema import Ema
+from gc25d_core.train.engine import Trained
+from gc25d_core.train.inputs import to_device
+from gc25d_core.train.metrics import StepSums
+from gc25d_core.train.model import build_model, init_export, param_groups
+from gc25d_core.train.presets import stage_config
+from gc25d_core.train.state import ResumePoint, Stateful
+
+__all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss", "run_stage3"]
+
+
+# ============================================================================== the math
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    m = mask.to(x.dtype).expand_as(x)
+    return (x * m).sum(dims) / m.sum(dims)
+
+
+def dmd_gradient(
+    x: torch.Tensor, x_fake: torch.Tensor, x_real: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """The DMD gradient (x̂_fake − x̂_real) normalised per sample by mean |x − x̂_real| over the
+    unmasked elements; NaN / inf become 0 (DMD eqs. 7–8, the anchors' nan_to_num)."""
+    dims = tuple(range(1, x.ndim))
+    norm = _masked_mean((x - x_real).abs(), mask, dims).reshape(-1, *([1] * (x.ndim - 1)))
+    return torch.nan_to_num((x_fake - x_real) / norm) * mask.to(x.dtype)
+
+
+def dmd_generator_loss(x: torch.Tensor, grad: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """½·mean over the unmasked elements of (x − sg(x − grad))², in float64: its autograd gradient
+    is grad / numel there (the surrogate that carries the DMD gradient into the generator)."""
+    target = (x - grad).detach().double()
+    sq = (x.double() - target).pow(2)
+    m = mask.expand_as(sq)
+    return 0.5 * sq[m].mean()
+
+
+def critic_flow_loss(
+    v_hat: torch.Tensor, noise: torch.Tensor, x: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Flow matching on generated samples: mean over the unmasked elements of (v̂ − (ε − x))²."""
+    sq = (v_hat.float() - (noise - x).float()).pow(2)
+    return sq[mask.expand_as(sq)].mean()
+
+
+# ============================================================================== the stage
+
+
+class Stage3Run(CausalRun):
+    name = "stage3_dmd"
+    section: Stage3Config
+
+    def build(self, resume: ResumePoint) -> None:
+        from gc25d_core.index import read_index
+        from gc25d_core.layout import Layout
+        from gc25d_core.models.export import read_export
+
+        sec = self.section
+        root = Path(sec.data.meta_root or self.cfg.paths.data_root)
+        without_ext = tuple(sorted(r.clip_id for r in read_index(Layout(root)) if not r.has_ext))
+        self.data = TrainingStream(
+            self.cfg,
+            sec.data,
+            sec.dropout,
+            seed=sec.seed,
+            micro_batch=sec.micro_batch,
+            device=self.device,
+            resume=resume.data,
+            exclude=without_ext,  # the rollout needs the extension's ids and prompts
+        )
+        self.build_models_and_validation()
+        path, _ = init_export(sec.model)
+        _, meta = read_export(path)
+        if meta.causal is None or meta.denoise_axis is None:
+            raise ValueError(f"stage 3's generator {path} is not a causal export (stage 2's EMA export)")
+        self.axis = tuple(float(t) for t in meta.denoise_axis)
+        self.rollout_causal = CausalConfig(
+            sink=sec.deploy.sink, window=sec.deploy.window, rope_cap=sec.deploy.rope_cap
+        )
+        real = build_model(self.cfg, sec.real, self.device, self.engine.build_dtype)
+        critic = build_model(self.cfg, sec.real, self.device, self.engine.build_dtype)
+        co = sec.critic_optim
+        self.critic: Trained = self.engine.train(
+            "critic", critic, co, lambda m: param_groups(m, co.lr, co.cond_lr)
+        )
+        self.real = self.engine.frozen(real)
+        self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
+
+    def state_parts(self) -> dict[str, Stateful]:
+        return {**super().state_parts(), "critic": self.critic}
+
+    # -- rollout ------------------------------------------------------------------------------------
+
+    def _draw(self, step: int, k: int) -> tuple[int, int]:
+        """(cells incl. the anchor, exit step) drawn on rank 0 and broadcast."""
+        sec = self.section
+        g = generator(sec.seed, "rollout", step, k)
+        cells = int(torch.randint(sec.min_cells, sec.max_cells + 1, (1,), generator=g))
+        exit_step = int(torch.randint(0, len(self.axis), (1,), generator=g))
+        cells, exit_step = broadcast_ints([cells, exit_step], self.device)
+        self.draws.append((cells, exit_step))
+        return cells, exit_step
+
+    def rollout(
+        self, samples: list[TrainingSample], cells: int, exit_step: int, gen: torch.Generator, grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
+        """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys."""
+        from gc25d_core.models.causal import CausalStreamer
+        from gc25d_core.models.gcdit import GcDiT, TextContext
+
+        horizon = self.section.grad_horizon
+        for s in samples:
+            if s.ext_ids is None or s.ext_keys is None or len(s.all_keys()) < cells:
+                raise ValueError(
+                    f"{s.sample_id}: stage 3 needs {cells} cells of ids and prompts (has_ext clips)"
+                )
+        ids = batch_of([s.all_ids() for s in samples])
+        keys = [s.all_keys() for s in samples]
+        anchor = to_device(batch_of([s.latent for s in samples]), self.device).float()[:, :, :1]
+        dtype = next(self.model.module.parameters()).dtype
+        device_gen = torch.Generator(device=self.device).manual_seed(
+            int(torch.randint(0, 2**62, (1,), generator=gen))
+        )
+
+        def text(cell: int) -> TextContext:
+            # unbound: the forward binds it to the (possibly sharded) text embedding
+            return TextContext.build(*self.text.context([[k[cell]] for k in keys]))
+
+        def sem(cell: int) -> torch.Tensor:
+            return to_device(ids[:, cell_frame_slice(cell)], self.device)
+
+        streamer = CausalStreamer(
+            cast(GcDiT, self.model.module), self.rollout_causal, self.axis, forward=self.model
+        )
+        with torch.no_grad():
+            streamer.start(anchor.to(dtype), text(0), sem(0))
+        out = []
+        for cell in range(1, cells):
+            scored = cell >= cells - horizon
+            x0 = streamer.step(
+                text(cell), sem(cell), generator=device_gen, exit_step=exit_step, grad=grad and scored
+            )
+            if scored:
+                out.append(x0.float())
+        tail = list(range(cells - horizon, cells))
+        frames = torch.cat([ids[:, cell_frame_slice(0)], *(ids[:, cell_frame_slice(c)] for c in tail)], dim=1)
+        clip_keys = [[k[0], *(k[c] for c in tail)] for k in keys]
+        return torch.cat([anchor, *out], dim=2), frames, clip_keys
+
+    # -- the losses ---------------------------------------------------------------------------------
+
+    def _noised(
+        self, x: torch.Tensor, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """(x_t with the clean anchor, ε, the mask of scored cells, t): one t per clip, clamped."""
+        sec = self.section
+        t = float(self.schedule.timesteps[int(self.schedule.sample_index(gen)[0])])
+        t = min(max(t, sec.t_min), sec.t_max)
+        noise = torch.randn(x.shape, generator=gen).to(self.device)
+        sigma = float(self.schedule.sigma(t))
+        x_t = (1.0 - sigma) * x + sigma * noise
+        x_t[:, :, 0] = x[:, :, 0]  # the anchor: clean, t = 0 (TI2V), ε unused
+        mask = torch.ones(1, 1, x.shape[2], 1, 1, dtype=torch.bool, device=self.device)
+        mask[:, :, 0] = False
+        return x_t, noise, mask, t
+
+    def _score(
+        self, net: Any, x_t: torch.Tensor, t: float, keys: list[list[str]], ids: torch.Tensor
+    ) -> torch.Tensor:
+        """x̂0 of a bidirectional score network (TI2V: cell 0 at t = 0)."""
+        v = net(**self.kwargs(x_t, t, keys, ids)).float()
+        return x_t - float(self.schedule.sigma(t)) * v
+
+    def _sync(self) -> float:
+        if self.section.time_phases and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def critic_step(self, step: int, k: int) -> torch.Tensor:
+        samples = [s for _, s in self._next()]
+        gen = generator(self.section.seed, "critic", self.rank, step, k)
+        cells, exit_step = self._draw(step, k)
+        with torch.no_grad():
+            x, ids, keys = self.rollout(samples, cells, exit_step, gen, grad=False)
+        x_t, noise, mask, t = self._noised(x, gen)
+        v_hat = self.critic(**self.kwargs(x_t, t, keys, ids))
+        loss = critic_flow_loss(v_hat, noise, x, mask)
+        self.critic.backward(loss)
+        self.critic.step(True)
+        return loss.detach()
+
+    def generator_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        samples = [s for _, s in self._next()]
+        gen = generator(self.section.seed, "generator", self.rank, step)
+        cells, exit_step = self._draw(step, self.section.critic_steps)
+        x, ids, keys = self.rollout(samples, cells, exit_step, gen, grad=True)
+        x_t, _, mask, t = self._noised(x.detach(), gen)
+        with torch.no_grad():
+            x_fake = self._score(self.critic.infer, x_t, t, keys, ids)
+            x_real = self._score(self.real, x_t, t, keys, ids)
+            grad = dmd_gradient(x.detach(), x_fake, x_real, mask)
+        loss = dmd_generator_loss(x, grad, mask)
+        self.model.backward(loss)
+        norm = self.model.step(True)
+        self.after_optimizer_step(step)
+        return loss.detach().float(), norm, t
+
+    def _next(self) -> list[tuple[Any, TrainingSample]]:
+        if self.data.epoch_ends and self._keys_done:
+            self.data.mark_consumed(self._keys_done)
+            self._keys_done = []
+        items = self.data.next_micro()
+        self._keys_done += [k for k, _ in items]
+        return items
+
+    _keys_done: list[Any]
+    draws: list[tuple[int, int]]  # (cells, exit step) of this step's rollouts
+
+    def train_step(self, step: int) -> dict[str, float]:
+        self._keys_done, self.draws = [], []
+        sums = StepSums(("critic_loss", "gen_loss", "grad_norm"), ("t",), self.device)
+        t0 = self._sync()
+        for k in range(self.section.critic_steps):
+            sums.add_device(
+                [self.critic_step(step, k) / self.section.critic_steps, torch.zeros(()), torch.zeros(())]
+            )
+        t1 = self._sync()
+        gen_loss, norm, t = self.generator_step(step)
+        t2 = self._sync()
+        zero = torch.zeros((), device=self.device)
+        sums.add_device([zero, gen_loss, norm.to(self.device) / self.world if norm is not None else zero])
+        sums.add_host([t])
+        self.data.mark_consumed(self._keys_done)
+        tot = sums.reduce()
+        # the generator rollout's draws as the ranks saw them: min and max over ranks agree
+        cells, exit_step = self.draws[-1]
+        lo = all_reduce([cells, exit_step], self.device, op="min")
+        hi = all_reduce([-cells, -exit_step], self.device, op="min")
+        lr, cond_lr = self.model.lrs()
+        critic_lr = self.critic.lrs()[0]
+        return {
+            "critic_loss": tot["critic_loss"] / self.world,
+            "gen_loss": tot["gen_loss"] / self.world,
+            "grad_norm": tot["grad_norm"],
+            "t_mean": tot["t"] / self.world,
+            "lr": lr,
+            "cond_lr": cond_lr,
+            "critic_lr": critic_lr,
+            "critic_s": t1 - t0,
+            "generator_s": t2 - t1,
+            "ema_started": float(self.ema.started),
+            "rollout_cells_min": lo[0],
+            "rollout_cells_max": -hi[0],
+            "exit_step_min": lo[1],
+            "exit_step_max": -hi[1],
+            "epoch": self.data.epoch,
+        }
+
+    # -- export -------------------------------------------------------------------------------------
+
+    def export_metadata(self, step: int) -> dict[str, Any]:
+        sec, meta = self.section, super().export_metadata(step)
+        meta["extra"].update(
+            dmd=json.dumps(
+                {
+                    "critic_steps": sec.critic_steps,
+                    "cells": [sec.min_cells, sec.max_cells],
+                    "grad_horizon": sec.grad_horizon,
+                    "cfg": 1.0,
+                    "t_clamp": [sec.t_min, sec.t_max],
+                }
+            ),
+            ema=json.dumps({"decay": sec.ema.decay, "start_step": sec.ema.start_step}),
+        )
+        return meta
+
+
+def run_stage3(
+    cfg: Gc25dConfig,
+    run_dir: Path | str,
+    reporter: Reporter,
+    *,
+    max_steps: int | None = None,
+    fresh: bool = False,
+) -> dict[str, Any]:
+    """Train (or resume) stage 3 in ``run_dir``; every rank calls it inside a process group."""
+    return Stage3Run(cfg, stage_config(cfg, "stage3_dmd"), Path(run_dir), reporter, fresh=fresh).run(
+        max_steps
+    )

@@ -1,0 +1,200 @@
+"""Stage 3 (DMD with self-rollout) on tiny models (research/distill_anchors.md §9): the DMD gradient
+and its float64 surrogate, the critic's flow loss, a toy 2-D Gaussian with analytic scores, which
+forwards hold graph nodes in the rollout, the frankenstein tail, which networks get gradients, and
+the rollout = the deploy rollout with the exit step forced to the last and no grad."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gc25d_core.report import StdoutReporter
+from gc25d_core.train.presets import stage_config
+from gc25d_core.train.stage3_dmd import Stage3Run, critic_flow_loss, dmd_generator_loss, dmd_gradient
+from tests.train.world import stage3_world
+
+
+def _mask(cells: int) -> torch.Tensor:
+    m = torch.ones(1, 1, cells, 1, 1, dtype=torch.bool)
+    m[:, :, 0] = False
+    return m
+
+
+# ---------------------------------------------------------------------------- the math
+
+
+def test_real_equal_to_fake_gives_a_zero_generator_gradient():
+    x = torch.randn(2, 4, 5, 3, 3, requires_grad=True)
+    score = torch.randn(2, 4, 5, 3, 3)
+    mask = _mask(5)
+    grad = dmd_gradient(x.detach(), score, score, mask)
+    assert torch.equal(grad, torch.zeros_like(grad))
+    dmd_generator_loss(x, grad, mask).backward()
+    assert x.grad is not None and torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_autograd_on_the_surrogate_is_grad_over_numel_on_the_unmasked_elements():
+    x = torch.randn(2, 4, 5, 3, 3, requires_grad=True)
+    fake, real = torch.randn(2, 4, 5, 3, 3), torch.randn(2, 4, 5, 3, 3)
+    mask = _mask(5)
+    grad = dmd_gradient(x.detach(), fake, real, mask)
+    dmd_generator_loss(x, grad, mask).backward()
+    numel = int(mask.expand_as(x).sum())
+    expected = (grad / numel) * mask
+    torch.testing.assert_close(x.grad, expected.float(), rtol=1e-6, atol=1e-9)
+    assert torch.equal(x.grad[:, :, 0], torch.zeros_like(x.grad[:, :, 0]))  # the anchor gets nothing
+
+
+def test_the_normaliser_is_per_clip_and_nan_input_gives_a_finite_gradient():
+    x = torch.randn(2, 4, 5, 3, 3)
+    real = x + torch.tensor([1.0, 3.0]).view(2, 1, 1, 1, 1)  # mean |x − x̂_real| = 1 and 3
+    fake = real + 1.0
+    grad = dmd_gradient(x, fake, real, _mask(5))
+    assert torch.allclose(grad[0, :, 1:], torch.full_like(grad[0, :, 1:], 1.0))
+    assert torch.allclose(grad[1, :, 1:], torch.full_like(grad[1, :, 1:], 1 / 3))
+    x_nan = x.clone()
+    x_nan[0, 0, 2, 0, 0] = float("nan")
+    bad = dmd_gradient(x_nan, fake, real, _mask(5))
+    assert torch.isfinite(bad).all()
+
+
+def test_the_critic_loss_is_flow_matching_on_the_unmasked_cells():
+    x, noise = torch.randn(1, 4, 5, 2, 2), torch.randn(1, 4, 5, 2, 2)
+    v = noise - x
+    assert float(critic_flow_loss(v, noise, x, _mask(5))) == 0.0
+    v[:, :, 0] += 10.0  # the anchor is out of the loss
+    assert float(critic_flow_loss(v, noise, x, _mask(5))) == 0.0
+    v[:, :, 3] += 1.0
+    assert float(critic_flow_loss(v, noise, x, _mask(5))) == pytest.approx(1 / 4)
+
+
+def test_toy_2d_gaussian_dmd_moves_the_generator_toward_the_target():
+    """Generator x = A z + b, z ~ N(0, I); real score = the posterior mean E[x0 | x_t] of the target
+    N(mu, S); fake score = the same for the generator's current N(b, A Aᵀ) (a critic that tracks it
+    exactly). 300 steps of the DMD surrogate with Adam move mean and covariance to the target."""
+    torch.manual_seed(0)
+    mu, cov = torch.tensor([2.0, -1.0]), torch.tensor([[1.0, 0.6], [0.6, 0.8]])
+    a = torch.nn.Parameter(torch.eye(2) * 0.3)
+    b = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([a, b], lr=2e-2)
+
+    def posterior_mean(x_t: torch.Tensor, sigma: float, m: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        k = c * (1 - sigma) @ torch.linalg.inv((1 - sigma) ** 2 * c + sigma**2 * torch.eye(2))
+        return m + (x_t - (1 - sigma) * m) @ k.T
+
+    def distance() -> float:
+        c = a.detach() @ a.detach().T
+        return float((b.detach() - mu).norm() + (c - cov).norm())
+
+    start = distance()
+    for _ in range(300):
+        x = torch.randn(256, 2) @ a.T + b
+        sigma = float(torch.rand(()) * 0.96 + 0.02)
+        x_t = (1 - sigma) * x.detach() + sigma * torch.randn(256, 2)
+        fake = posterior_mean(x_t, sigma, b.detach(), a.detach() @ a.detach().T)
+        real = posterior_mean(x_t, sigma, mu, cov)
+        mask = torch.ones(256, 2, dtype=torch.bool)
+        grad = dmd_gradient(x.detach(), fake, real, mask)
+        opt.zero_grad()
+        dmd_generator_loss(x, grad, mask).backward()
+        opt.step()
+    assert distance() < 0.25 * start, (start, distance())
+
+
+# ---------------------------------------------------------------------------- the rollout and the run
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("stage3")
+    cfg = stage3_world(root, {"engine": "torch", "max_steps": 2, "save_every": 2, "state_every": 2})
+    run = Stage3Run(cfg, stage_config(cfg, "stage3_dmd"), root / "run", StdoutReporter(rank=0))
+    run._prepare_run_dir()
+    run.build(run._resume())
+    return run
+
+
+def _samples(run: Stage3Run):
+    return [s for _, s in run.data.next_micro()]
+
+
+def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built):
+    run, cells, exit_step = built, 23, 2
+    calls: list[tuple[int, bool]] = []
+    forward = run.model
+
+    class Counting:
+        module = run.model.module
+
+        def __call__(self, *args, **kwargs):
+            calls.append(
+                (kwargs.get("cell", -1), torch.is_grad_enabled() and not kwargs.get("commit", False))
+            )
+            return forward(*args, **kwargs)
+
+    run.model = Counting()  # type: ignore[assignment]
+    try:
+        x, _, _ = run.rollout(_samples(run), cells, exit_step, torch.Generator().manual_seed(0), grad=True)
+    finally:
+        run.model = forward
+    horizon = run.section.grad_horizon
+    with_grad = [c for c, g in calls if g]
+    assert with_grad == list(range(cells - horizon, cells))  # one exit forward per scored cell
+    # per generated cell: exit_step + 1 denoise forwards and a commit; the anchor's prefill
+    assert len(calls) == 1 + (cells - 1) * (exit_step + 2)
+    assert x.shape[2] == 1 + horizon and x.requires_grad
+    params = [p for p in run.model.module.parameters() if p.requires_grad]
+    anchor_grads = torch.autograd.grad(x[:, :, 0].sum(), params, allow_unused=True, retain_graph=True)
+    assert all(g is None or not g.any() for g in anchor_grads)  # the anchor carries no gradient
+
+
+def test_the_scored_clip_starts_with_the_real_anchor(built):
+    run = built
+    samples = _samples(run)
+    with torch.no_grad():
+        x, ids, keys = run.rollout(samples, 21, 3, torch.Generator().manual_seed(1), grad=False)
+    assert torch.equal(x[:, :, 0], samples[0].latent[None, :, 0].float())
+    assert ids.shape[1] == 1 + 4 * run.section.grad_horizon and len(keys[0]) == 1 + run.section.grad_horizon
+    _, _, mask, _ = run._noised(x, torch.Generator().manual_seed(2))
+    assert not bool(mask[0, 0, 0]) and bool(mask[0, 0, 1:].all())
+
+
+def test_the_rollout_equals_the_deploy_rollout_with_the_last_exit_step(built):
+    """exit step = the last, no grad: the stage's rollout is kv_rollout, the deploy path."""
+    from gc25d_core.models.causal import kv_rollout
+    from gc25d_core.train.inputs import to_device
+
+    run, cells = built, 24
+    samples = _samples(run)
+    seed_gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        x, _, _ = run.rollout(samples, cells, len(run.axis) - 1, seed_gen, grad=False)
+        s = samples[0]
+        bank, index = run.text.context([s.all_keys()[:cells]])
+        device_seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+        ref = kv_rollout(
+            run.model.module,
+            to_device(s.latent[None], run.device).float()[:, :, :1],
+            cells,
+            run.axis,
+            spec=run.rollout_causal,
+            context=bank,
+            context_index=index,
+            sem_ids=s.all_ids()[None, : 1 + 4 * (cells - 1)],
+            generator=torch.Generator().manual_seed(device_seed),
+        )
+    tail = torch.cat([ref[:, :, :1], ref[:, :, cells - run.section.grad_horizon :]], dim=2)
+    assert torch.equal(x, tail)
+
+
+def test_each_network_gets_gradients_only_in_its_own_step(built):
+    run = built
+    run._keys_done, run.draws = [], []
+    run.critic_step(1, 0)
+    assert all(p.grad is None for p in run.model.module.parameters())  # the critic step's rollout: no grad
+    assert all(p.grad is None for p in run.real.parameters())
+    run.generator_step(1)
+    assert all(p.grad is None for p in run.critic.module.parameters())  # zeroed by its step, untouched since
+    assert all(not p.requires_grad and p.grad is None for p in run.real.parameters())
+    assert run.ema.updates == 0 and not run.ema.started  # the EMA starts at step 3
