@@ -72,7 +72,7 @@ CONF
   [ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; }
   chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
   chmod 0700 /etc/munge; chmod 0400 /etc/munge/munge.key
-  munge -n </dev/null >/dev/null 2>&1 || { runuser -u munge -- /usr/sbin/munged; wait_for 10 sh -c 'munge -n </dev/null | unmunge'; }
+  munge -n </dev/null >/dev/null 2>&1 || { runuser -u munge -- /usr/sbin/munged --force; wait_for 10 sh -c 'munge -n </dev/null | unmunge'; }
   alive /run/slurmctld.pid || slurmctld
   wait_for 30 scontrol ping
   alive /run/slurmd.pid || slurmd
