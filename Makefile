@@ -8,14 +8,17 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DIFFSYNTH_SKIP_DOWNLOAD := True
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run sft dev test test-gpu lint validate clean
+.PHONY: setup run sft dev services test test-gpu lint validate clean
 
 # Fresh venv with pinned torch (constraints.txt) so diffsynth's torchvision cannot pull a CUDA torch.
 setup:
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e '.[dev]'
+	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e '.[dev,scaleout]'
+	# dagster-postgres 0.29.28 (the match of dagster 1.13.28) is not published; 0.29.27 pins
+	# dagster 1.13.27, so it comes without its pins (pyproject.toml, extra scaleout)
+	$(PIP) install -q --no-deps dagster-postgres==0.29.27
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
 
@@ -42,6 +45,10 @@ dev:
 
 validate:
 	$(VENV)/bin/dagster definitions validate -m gc25d_pipeline.definitions
+
+# Real local services for the scale-out tests (Slurm, PostgreSQL); as root, idempotent.
+services:
+	bash .ci/services.sh
 
 test:
 	$(PY) -m pytest -q

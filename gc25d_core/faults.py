@@ -15,13 +15,16 @@ def maybe_inject_fault(step: int, retry_number: int | None = None) -> None:
     """Test hook: GC25D_FAULT="rank=1,step=3[,attempt=0][,mode=raise|exit]" fails that rank at that step.
 
     ``attempt`` matches the Dagster retry number (GC25D_RETRY_NUMBER), so a test can fail the first
-    attempt only and watch the retry resume. Unset in production.
+    attempt only and watch the retry resume. ``rank=any`` fails every rank that sees the variable:
+    set in one node's environment only, it fails that node whatever global ranks the rendezvous
+    gave it. Unset in production.
     """
     spec = os.environ.get("GC25D_FAULT")
     if not spec:
         return
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    if int(fields.get("rank", -1)) != global_rank() or int(fields.get("step", -1)) != step:
+    rank = fields.get("rank", "-1")
+    if (rank != "any" and int(rank) != global_rank()) or int(fields.get("step", -1)) != step:
         return
     attempt = int(os.environ.get("GC25D_RETRY_NUMBER", "0")) if retry_number is None else retry_number
     if "attempt" in fields and int(fields["attempt"]) != attempt:

@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 
 from gc25d_core.config import Gc25dConfig
+from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
 
 class ClipJobConfig(dg.Config):
@@ -43,7 +43,7 @@ def clip_job_asset(
         context: dg.AssetExecutionContext,
         config: ClipJobConfig,
         project: Gc25dProject,
-        torchrun: TorchrunLauncher,
+        torchrun: JobLauncher,
     ) -> dg.MaterializeResult:
         cfg = project.config()
         launcher = (

@@ -28,8 +28,8 @@ from gc25d_core.schema import ConfigError
 from gc25d_core.train.handoff import read_handoff
 from gc25d_core.train.presets import STAGES, with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
 # Definition metadata naming the run folder (under the runs root) an asset's files live in: a stage
 # asset's own name, or for sft_teacher the folder of the sft run it picks from. init_from reads it
@@ -182,7 +182,7 @@ def stage_asset(
         context: dg.AssetExecutionContext,
         config: StageRunConfig,
         project: Gc25dProject,
-        torchrun: TorchrunLauncher,
+        torchrun: JobLauncher,
     ) -> dg.MaterializeResult:
         base = project.config()
         overrides: dict[str, Any] = {"data": {"manifest_version": manifest_version_of(context.partition_key)}}

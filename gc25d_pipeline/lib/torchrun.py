@@ -11,14 +11,20 @@ runs torch.distributed.run in-process) on ``-m <module>`` through Dagster Pipes.
   step process dies, each rank when torchrun dies. Every process of a launch records itself in
   ``<run_dir>/.lifeline``; before launching, survivors of an earlier launch there are killed, and a
   folder owned by another live launcher is refused.
+
+Several nodes (``nnodes > 1``): this step runs the agent of node 0, which hosts the c10d rendezvous
+store at ``rdzv_endpoint`` (an address of this machine). The other nodes' agents are started by
+whoever owns those machines (a scheduler, ssh, a test) with the script this launcher writes before
+it starts its own: ``bash <run_dir>/torchrun_logs/attempt-NN/peer_node.sh <node_rank>``. Pipes then
+goes through files in the run folder (lib/launcher.py), so the run folder must be on a filesystem
+every node shares. Stopping node 0 stops the job everywhere: its ranks die, the peers' ranks lose
+their collectives and fail, and each peer agent exits (``max_restarts`` 0).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from dataclasses import dataclass
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -26,112 +32,89 @@ import dagster as dg
 from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import Field
 
-from gc25d_core.config import Gc25dConfig, write_resolved
+from gc25d_core.atomic import atomic_write_text
+from gc25d_core.config import Gc25dConfig
 from gc25d_core.lifeline import DIR_ENV, PARENT_ENV, RunFolderBusy, lifeline_dir, reap_and_claim
-
-# Secondary failures: a rank that lost its peer reports this, not the root cause.
-_PEER_LOSS_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "NCCL communicator was aborted",
-    "ProcessGroupNCCL",
-    "Broken pipe",
-    "SIGTERM",
-    "SIGINT",
+from gc25d_pipeline.lib.launcher import (
+    Context,
+    JobLauncher,
+    PreparedLaunch,
+    RankError,
+    rank_failure,
+    read_rank_errors,
+    shared_fs_bootstrap_env,
+    shell_join,
 )
 
+__all__ = ["RankError", "TorchrunLauncher", "read_rank_errors"]
 
-@dataclass(frozen=True)
-class RankError:
-    local_rank: int
-    message: str
-    traceback: str
-    timestamp: int
-
-    @property
-    def is_peer_loss(self) -> bool:
-        return any(m in self.message for m in _PEER_LOSS_MARKERS)
+PEER_SCRIPT = "peer_node.sh"
+_NODE = "@NODE_RANK@"  # placeholder for the node rank a peer script is run with
 
 
-def read_rank_errors(log_dir: Path) -> list[RankError]:
-    """Every ``<log_dir>/<run>/attempt_*/<local_rank>/error.json`` torchrun left, root cause first."""
-    errors = []
-    for path in sorted(log_dir.glob("*/attempt_*/*/error.json")):
-        try:
-            msg = json.loads(path.read_text())["message"]
-            if isinstance(msg, str):
-                msg = {"message": msg, "extraInfo": {}}
-            extra = msg.get("extraInfo", {})
-            errors.append(
-                RankError(
-                    local_rank=int(path.parent.name),
-                    message=str(msg.get("message", "")),
-                    traceback=str(extra.get("py_callstack", "")),
-                    timestamp=int(extra.get("timestamp", 0) or 0),
-                )
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            errors.append(RankError(int(path.parent.name), f"unreadable error file {path}", "", 0))
-    return sorted(errors, key=lambda e: (e.is_peer_loss, e.timestamp, e.local_rank))
+class TorchrunLauncher(JobLauncher):
+    """Runs the job's torchrun as a child of this step (node 0); more nodes join by rendezvous."""
 
-
-class TorchrunLauncher(dg.ConfigurableResource):
-    """How heavy assets start their torchrun jobs (one node by default; multi-node via rendezvous)."""
-
-    nproc_per_node: int = Field(default=1, description="ranks per node (GPUs per node in production)")
-    nnodes: int = Field(default=1)
-    node_rank: int = Field(default=0, description="must be 0 here: global rank 0 reports through Pipes")
+    node_rank: int = Field(default=0, description="must be 0 here: this step runs node 0's agent")
     rdzv_endpoint: str | None = Field(
-        default=None, description="host:port for multi-node; None = --standalone"
+        default=None, description="host:port of this machine for multi-node; None = --standalone"
     )
-    rdzv_backend: str = "c10d"
-    max_restarts: int = Field(
-        default=0, description="torchrun-internal restarts (Dagster retries are preferred)"
-    )
-    python: str = Field(default=sys.executable, description="interpreter that runs torchrun and the ranks")
-    extra_env: dict[str, str] = Field(default_factory=dict)
+    rdzv_backend: str = Field(default="c10d", description="only c10d (the rendezvous the peers join)")
     termination_timeout_s: float = 20.0
 
-    def command(self, module: str, args: list[str], log_dir: Path) -> list[str]:
-        cmd = [self.python, "-m", "gc25d_core.lifeline"]  # torchrun, bound to this process
-        if self.nnodes == 1 and self.rdzv_endpoint is None:
-            cmd.append("--standalone")
-        else:
-            if not self.rdzv_endpoint:
-                raise dg.DagsterInvalidConfigError("multi-node torchrun needs rdzv_endpoint", [], None)
-            cmd += [
-                f"--rdzv-backend={self.rdzv_backend}",
-                f"--rdzv-endpoint={self.rdzv_endpoint}",
-                f"--node-rank={self.node_rank}",
-            ]
-        cmd += [
-            f"--nnodes={self.nnodes}",
-            f"--nproc-per-node={self.nproc_per_node}",
-            f"--max-restarts={self.max_restarts}",
-            f"--log-dir={log_dir}",
-            "-m",
-            module,
-            *args,
+    def command(self, module: str, args: list[str], log_dir: Path, rdzv_id: str = "none") -> list[str]:
+        """The node-0 torchrun command (``--log-dir`` is ``log_dir/node-0``)."""
+        if self.rdzv_backend != "c10d":
+            raise dg.Failure(f"TorchrunLauncher.rdzv_backend={self.rdzv_backend!r}: only 'c10d' is supported")
+        # node 0 hosts the store: explicit, because on one machine (tests) every agent's address
+        # matches the endpoint and the first to start would host it
+        conf = "is_host=1" if self.nnodes > 1 or self.rdzv_endpoint else None
+        return [
+            self.python,
+            *self.torchrun_args(
+                module,
+                args,
+                log_dir,
+                node_rank="0",
+                rdzv_endpoint=self.rdzv_endpoint,
+                rdzv_id=rdzv_id,
+                rdzv_conf=conf,
+            ),
         ]
-        return cmd
+
+    def peer_script(self, module: str, launch: PreparedLaunch, rdzv_id: str, retry: int) -> str:
+        """``bash peer_node.sh NODE_RANK``: the same job on another node, a client of node 0's store."""
+        env = {**self.job_env(retry), **shared_fs_bootstrap_env(launch)}
+        torchrun = self.torchrun_args(
+            module,
+            launch.job_args,
+            launch.log_dir,
+            node_rank=_NODE,
+            rdzv_endpoint=self.rdzv_endpoint,
+            rdzv_id=rdzv_id,
+            rdzv_conf="is_host=0",
+        )
+        command = shell_join([self.python, *torchrun], {_NODE: "NODE_RANK"})
+        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+        return (
+            "#!/usr/bin/env bash\n"
+            f"# Node NODE_RANK (1..{self.nnodes - 1}) of {module}, attempt {retry}: written by TorchrunLauncher.\n"
+            "set -euo pipefail\n"
+            'NODE_RANK="${1:?usage: peer_node.sh NODE_RANK}"\n'
+            f"{exports}\n"
+            f"exec {command}\n"
+        )
 
     def child_env(self, retry_number: int, run_dir: Path) -> dict[str, str]:
-        env = {
-            "PYTHONUNBUFFERED": "1",
-            "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off (device README)
-            "GC25D_RETRY_NUMBER": str(retry_number),
+        return {
+            **self.job_env(retry_number),
             PARENT_ENV: str(os.getpid()),  # Pipes' Popen runs in this process: torchrun dies with it
             DIR_ENV: str(lifeline_dir(run_dir.resolve())),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", "")) if p
-            ),
         }
-        env.update(self.extra_env)
-        return env
 
     def launch(
         self,
-        context: dg.AssetExecutionContext | dg.OpExecutionContext,
+        context: Context,
         module: str,
         cfg: Gc25dConfig,
         run_dir: Path,
@@ -140,32 +123,44 @@ class TorchrunLauncher(dg.ConfigurableResource):
     ) -> dg.PipesClientCompletedInvocation:
         """Write the resolved config into ``run_dir`` and run the job; fail with the rank's error."""
         if self.node_rank != 0:
-            raise dg.Failure(
-                "TorchrunLauncher must run on node_rank 0 (the Pipes reader is local to this step)"
-            )
+            raise dg.Failure("TorchrunLauncher must run on node_rank 0 (the other nodes run peer_node.sh)")
         run_dir.mkdir(parents=True, exist_ok=True)
         self._reap_leftovers(context, run_dir)
-        config_path = write_resolved(cfg, run_dir)
+        launch = self.prepare(context, cfg, run_dir, args or [])
         retry = context.retry_number
-        log_dir = run_dir / "torchrun_logs" / f"attempt-{retry:02d}"
-        command = self.command(
-            module, ["--config", str(config_path), "--run-dir", str(run_dir), *(args or [])], log_dir
-        )
+        multi = self.nnodes > 1
+        # one rendezvous per attempt: a peer of the last attempt can never join this one
+        rdzv_id = f"{context.run_id[:8]}-{retry}" if multi else "none"
+        command = self.command(module, launch.job_args, launch.log_dir, rdzv_id)
         context.log.info(f"launching {self.nnodes}x{self.nproc_per_node} ranks: {' '.join(command)}")
+        pipes: dict[str, Any] = {}
+        if multi:
+            script = launch.log_dir / PEER_SCRIPT
+            launch.log_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(script, self.peer_script(module, launch, rdzv_id, retry))
+            context.log.info(
+                f"node 0 hosts the rendezvous at {self.rdzv_endpoint}; on each other node run: "
+                f"bash {script} NODE_RANK"
+            )
+            pipes = {
+                "context_injector": dg.PipesFileContextInjector(str(launch.context_path)),
+                "message_reader": dg.PipesFileMessageReader(str(launch.messages_path)),
+            }
         client = dg.PipesSubprocessClient(
             env={**os.environ, **self.child_env(retry, run_dir)},
             forward_termination=True,
             termination_timeout_seconds=self.termination_timeout_s,
+            **pipes,
         )
         try:
             return client.run(
                 context=context, command=command, extras={"run_dir": str(run_dir), **(extras or {})}
             )
         except DagsterPipesExecutionError as e:
-            raise self._failure(context, module, log_dir, e) from None
+            raise rank_failure(context, module, launch.log_dir, f"torchrun failed ({e})") from None
 
     @staticmethod
-    def _reap_leftovers(context: dg.AssetExecutionContext | dg.OpExecutionContext, run_dir: Path) -> None:
+    def _reap_leftovers(context: Context, run_dir: Path) -> None:
         try:
             killed = reap_and_claim(lifeline_dir(run_dir.resolve()))
         except RunFolderBusy as e:
@@ -175,20 +170,3 @@ class TorchrunLauncher(dg.ConfigurableResource):
             context.log.warning(
                 f"killed {len(killed)} leftover processes of an earlier launch in {run_dir}: {listed}"
             )
-
-    def _failure(self, context, module: str, log_dir: Path, cause: Exception) -> dg.Failure:
-        errors = read_rank_errors(log_dir)
-        if not errors:
-            context.log.error(f"{module}: torchrun failed without a rank error file ({cause})")
-            return dg.Failure(f"{module}: torchrun failed ({cause}); see the compute logs and {log_dir}")
-        for err in errors:
-            context.log.error(f"{module}: local rank {err.local_rank} failed: {err.message}\n{err.traceback}")
-        root = errors[0]
-        return dg.Failure(
-            description=f"{module}: local rank {root.local_rank} failed: {root.message}",
-            metadata={
-                "failed_local_ranks": dg.MetadataValue.json([e.local_rank for e in errors]),
-                "root_cause_traceback": dg.MetadataValue.md(f"```\n{root.traceback}\n```"),
-                "torchrun_log_dir": dg.MetadataValue.path(str(log_dir)),
-            },
-        )

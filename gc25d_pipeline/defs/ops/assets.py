@@ -2,8 +2,8 @@
 
 import dagster as dg
 
+from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
 
 class ClusterCheckConfig(dg.Config):
@@ -22,7 +22,7 @@ def cluster_check(
     context: dg.AssetExecutionContext,
     config: ClusterCheckConfig,
     project: Gc25dProject,
-    torchrun: TorchrunLauncher,
+    torchrun: JobLauncher,
 ) -> dg.MaterializeResult:
     """All ranks join, all-reduce and checkpoint each step; a retry within the run resumes from its folder."""
     cfg = project.config()
