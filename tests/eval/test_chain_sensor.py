@@ -67,3 +67,12 @@ def test_a_pick_waits_while_its_partition_has_a_chain_running():
         requests, cursor = _tick(instance, cursor)
         assert [r.run_key for r in requests] == ["v000001:step-12-bbbb"]
         assert _tick(instance, cursor)[0] == []
+
+
+def test_the_chain_job_and_its_sensor_are_in_the_code_location():
+    from gc25d_pipeline.definitions import defs
+
+    chain = defs.resolve_job_def(CHAIN_JOB)
+    assert {n.name for n in chain.graph.node_defs} == {"stage1_tf", "stage2_cd", "eval"}
+    assert {n.name for n in defs.resolve_job_def("sft_job").graph.node_defs} == {"sft", "sft_teacher"}
+    assert defs.resolve_sensor_def("teacher_pick_sensor").job_name == CHAIN_JOB
