@@ -1,0 +1,268 @@
+"""The evaluation's files, each written atomically (gc25d_core.atomic) into the eval run folder:
+
+    <out>/<label>/metrics.json       one export: sampler, config, per-sweep curves, regions, cases
+    <out>/<label>/<sweep>_strip.png  ground truth | generated | ids at a few cells of the first case
+    <out>/<sweep>_<metric>.png       the per-cell curves of every export on one plot (the drift curve)
+    <out>/table.md  summary.json     the comparison across exports
+    <out>/report.md                  the table, the plots, what the numbers mean
+
+JSON holds no NaN or inf: a missing value (no ground truth there) is null; PSNR is capped
+(gc25d_core.eval.metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
+from gc25d_core.eval.metrics import json_safe
+
+# (sweep, region, key, header): the comparison table's columns
+TABLE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
+    ("clip28", "1_20", "latent_mse", "clip28 latent MSE 1–20"),
+    ("clip28", "22_27", "latent_mse", "clip28 latent MSE 22–27"),
+    ("clip28", "1_20", "psnr", "clip28 PSNR 1–20"),
+    ("clip28", "all", "delta_psnr", "clip28 ΔtPSNR"),
+    ("clip28", "all", "flicker_ratio", "clip28 flicker"),
+    ("clip28", "21_24", "latent_rms_ratio", "clip28 RMS ratio 21–24"),
+    ("chain241", "1_20", "latent_mse", "chain241 latent MSE 1–20"),
+    ("chain241", "21_60", "latent_mse", "chain241 latent MSE 21–60"),
+    ("chain241", "21_60", "psnr", "chain241 PSNR 21–60"),
+    ("chain241", "all", "delta_psnr", "chain241 ΔtPSNR"),
+    ("chain241", "all", "flicker_ratio", "chain241 flicker"),
+)
+PLOTTED = (
+    ("latent_mse", "latent MSE", True),
+    ("psnr", "PSNR (dB)", False),
+    ("delta_psnr", "ΔtPSNR (dB)", False),
+)
+COLORS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75))
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False)
+
+
+def _png(rgb: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise RuntimeError("PNG encoding failed")
+    return buf.tobytes()
+
+
+def _ascii(text: str) -> str:
+    # OpenCV's Hershey fonts draw ASCII only
+    return text.replace("Δ", "d").replace("–", "-").encode("ascii", "replace").decode()
+
+
+def line_plot_png(
+    series: dict[str, Sequence[float | None]],
+    title: str,
+    ylabel: str,
+    *,
+    log_y: bool = False,
+    xlabel: str = "cell",
+    size: tuple[int, int] = (760, 380),
+) -> bytes:
+    """One line per series over x = 0, 1, …; missing values (None / NaN) break the line."""
+    w, h = size
+    left, right, top, bottom = 70, 170, 30, 45
+    img = np.full((h, w, 3), 255, np.uint8)
+
+    def ok(v: float | None) -> bool:
+        return v is not None and math.isfinite(v) and (v > 0 or not log_y)
+
+    def tr(v: float) -> float:
+        return math.log10(v) if log_y else v
+
+    vals = [tr(float(v)) for s in series.values() for v in s if ok(v)]  # type: ignore[arg-type]
+    n = max((len(s) for s in series.values()), default=1)
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5, hi + 0.5
+    pw, ph = w - left - right, h - top - bottom
+
+    def xy(i: int, v: float) -> tuple[int, int]:
+        x = left + (i / max(1, n - 1)) * pw
+        y = top + (1.0 - (tr(v) - lo) / (hi - lo)) * ph
+        return int(round(x)), int(round(y))
+
+    font, grey = cv2.FONT_HERSHEY_SIMPLEX, (90, 90, 90)
+    cv2.rectangle(img, (left, top), (left + pw, top + ph), grey, 1)
+    for k in range(5):
+        v = lo + (hi - lo) * k / 4
+        y = int(round(top + (1 - k / 4) * ph))
+        cv2.line(img, (left - 4, y), (left, y), grey, 1)
+        label = f"{10**v:.3g}" if log_y else f"{v:.3g}"
+        cv2.putText(img, label, (4, y + 4), font, 0.38, grey, 1, cv2.LINE_AA)
+    for k in range(0, n, max(1, n // 10)):
+        x = xy(k, 1.0 if log_y else lo)[0]
+        cv2.line(img, (x, top + ph), (x, top + ph + 4), grey, 1)
+        cv2.putText(img, str(k), (x - 6, top + ph + 18), font, 0.38, grey, 1, cv2.LINE_AA)
+    cv2.putText(img, _ascii(title), (left, 20), font, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.putText(img, _ascii(f"{xlabel} / {ylabel}"), (left, h - 8), font, 0.4, grey, 1, cv2.LINE_AA)
+    for idx, (name, line) in enumerate(series.items()):
+        color = COLORS[idx % len(COLORS)]
+        prev: tuple[int, int] | None = None
+        for i, value in enumerate(line):
+            if value is None or not ok(value):
+                prev = None
+                continue
+            p = xy(i, float(value))
+            if prev is not None:
+                cv2.line(img, prev, p, color, 2, cv2.LINE_AA)
+            else:
+                cv2.circle(img, p, 2, color, -1)
+            prev = p
+        ly = top + 14 + 18 * idx
+        cv2.line(img, (left + pw + 10, ly - 4), (left + pw + 30, ly - 4), color, 2)
+        cv2.putText(img, _ascii(name)[:20], (left + pw + 34, ly), font, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
+    return _png(img)
+
+
+def strip_png(rollout: dict[str, Any], num: int = 6, max_width: int = 1400) -> bytes | None:
+    """Rows ground truth (black: none) | generated | ids at ``num`` evenly spaced cells' last frames."""
+    from gc25d_core.eval.metrics import cell_frames
+    from gc25d_core.preview import colorize_ids
+
+    frames, gt = rollout.get("frames"), rollout.get("gt_frames")
+    if frames is None or gt is None:
+        return None
+    case = rollout["case"]
+    cells = np.linspace(0, case.num_cells - 1, num).round().astype(int)
+    picks = [cell_frames(int(c)).stop - 1 for c in cells]
+    h, w = frames.shape[1:3]
+
+    def row(images: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(
+            [cv2.resize(im, (w, h), interpolation=cv2.INTER_NEAREST) for im in images], axis=1
+        )
+
+    ids = case.ids.numpy()
+    sheet = np.concatenate(
+        [
+            row([gt[f] for f in picks]),
+            row([frames[f] for f in picks]),
+            row([colorize_ids(ids[f]) for f in picks]),
+        ],
+        axis=0,
+    )
+    if sheet.shape[1] > max_width:
+        s = max_width / sheet.shape[1]
+        sheet = cv2.resize(sheet, (max_width, max(1, int(sheet.shape[0] * s))), interpolation=cv2.INTER_AREA)
+    return _png(np.ascontiguousarray(sheet))
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    return f"{v:.4g}"
+
+
+def table_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {
+            "export": r["export"]["label"],
+            "step": r["export"]["step"],
+            "sampler": r["sampler"]["kind"],
+        }
+        for sweep, region, key, header in TABLE_COLUMNS:
+            row[header] = r["sweeps"].get(sweep, {}).get("regions", {}).get(region, {}).get(key)
+        rows.append(row)
+    return rows
+
+
+def table_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    headers = ["export", "step", "sampler", *(c[3] for c in TABLE_COLUMNS)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        cells = [str(row["export"]), str(row["step"]), str(row["sampler"])]
+        cells += [_fmt(row[c[3]]) for c in TABLE_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+REPORT_NOTES = """\
+## What the numbers are
+
+- **latent MSE** per cell against the ground-truth latents (cells 0..20 of the anchor clip; in
+  chain241 and, for raw extensions, clip28 also later clips' cells 1..20 at the matching frames).
+  Cells without ground truth are blank. Regions: 1–20 the trained length, beyond it the drift.
+- **PSNR** (dB) of the decoded 8-bit frames against the decode of the ground-truth latents (so the
+  VAE's own reconstruction error is left out), capped at {cap:g} dB (an exact match).
+- **ΔtPSNR**: PSNR with the clip's own ids and prompts minus PSNR with another clip's (same anchor,
+  same noise); > 0 means the rollout follows its condition.
+- **flicker**: mean |frame difference| across cell boundaries / within cells (1 = no seam).
+- **RMS ratio**: a generated cell's latent RMS over the ground truth's (where no ground truth
+  exists: < 1 fades, > 1 blows up).
+- FVD, LPIPS and VBench's learned scores need downloaded networks and are not computed.
+"""
+
+
+@dataclass
+class ReportFiles:
+    folder: Path
+    table: str
+    json_files: dict[str, Path] = field(default_factory=dict)
+    plots: dict[str, bytes] = field(default_factory=dict)  # name -> PNG bytes (also on disk)
+
+
+def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: float = 100.0) -> ReportFiles:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = table_rows(results)
+    table = table_markdown(rows)
+    files = ReportFiles(out_dir, table)
+    md = ["# Evaluation", "", table, ""]
+    for r in results:
+        label = r["export"]["label"]
+        folder = out_dir / label
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {k: v for k, v in r.items() if k != "rollouts"}
+        files.json_files[label] = atomic_write_text(folder / "metrics.json", dumps(doc))
+        for sweep, roll in r.get("rollouts", {}).items():
+            png = strip_png(roll)
+            if png is not None:
+                name = f"{label}/{sweep}_strip.png"
+                atomic_write_bytes(out_dir / name, png)
+                files.plots[name] = png
+    sweeps = sorted({s for r in results for s in r["sweeps"]})
+    for sweep in sweeps:
+        md += [f"## {sweep}", ""]
+        for key, ylabel, log_y in PLOTTED:
+            series = {
+                r["export"]["label"]: r["sweeps"][sweep]["curves"][key]
+                for r in results
+                if key in r["sweeps"].get(sweep, {}).get("curves", {})
+            }
+            if not series:
+                continue
+            name = f"{sweep}_{key}.png"
+            png = line_plot_png(series, f"{sweep}: {ylabel} per cell", ylabel, log_y=log_y)
+            atomic_write_bytes(out_dir / name, png)
+            files.plots[name] = png
+            md += [f"![{sweep} {key}]({name})", ""]
+        for r in results:
+            strip = f"{r['export']['label']}/{sweep}_strip.png"
+            if strip in files.plots:
+                md += [
+                    f"{r['export']['label']}: ground truth | generated | ids",
+                    "",
+                    f"![strip]({strip})",
+                    "",
+                ]
+    md.append(REPORT_NOTES.format(cap=cap_db))
+    atomic_write_text(out_dir / "table.md", table)
+    summary = {"rows": rows, "exports": [{**r["export"], "sampler": r["sampler"]} for r in results]}
+    atomic_write_text(out_dir / "summary.json", dumps(summary))
+    atomic_write_text(out_dir / "report.md", "\n".join(md))
+    return files

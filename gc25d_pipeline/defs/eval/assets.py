@@ -1,0 +1,132 @@
+"""SPEC §10 evaluation per snapshot partition: every export of the chain that exists, on the clip28
+and chain241 sweeps (gc25d_core.eval), with the plots and the comparison table in the metadata.
+
+``EVAL_SOURCES`` is the extension point: (label, upstream asset, hand-off file) in chain order. A
+hand-off with an EMA export adds ``<label>_ema``. The deploy export and stage 3's EMA milestones join here the same way.
+"""
+
+from pathlib import Path
+from typing import NamedTuple
+
+import dagster as dg
+from pydantic import Field
+
+from gc25d_core.eval.evaluate import EvalConfig, EvalExport, exports_of_handoff
+from gc25d_core.schema import ConfigError
+from gc25d_core.train.handoff import FINAL, TEACHER
+from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
+from gc25d_pipeline.lib.clip_jobs import png_markdown
+from gc25d_pipeline.lib.project import Gc25dProject
+from gc25d_pipeline.lib.stage_assets import manifest_version_of, run_folder_of
+
+
+class EvalSource(NamedTuple):
+    label: str
+    asset: dg.AssetsDefinition
+    file: str
+
+
+EVAL_SOURCES: tuple[EvalSource, ...] = (
+    EvalSource("sft", sft_teacher, TEACHER),
+    EvalSource("stage1_tf", stage1_tf, FINAL),
+    EvalSource("stage2_cd", stage2_cd, FINAL),
+    EvalSource("stage3_dmd", stage3_dmd, FINAL),
+    # the deploy export and stage 3's EMA milestones join here the same way
+)
+
+
+class EvalRunConfig(dg.Config):
+    clip28_clips: int = Field(default=4, ge=0, description="has_ext val clips of clip28 (0: skip)")
+    chain241_chains: int = Field(default=2, ge=0, description="val runs of chain241 (0: skip)")
+    teacher_steps: int = Field(default=40, ge=1, description="Euler steps of the bidirectional teacher")
+    decode: bool = Field(default=True, description="decode rollouts with the VAE for the pixel metrics")
+    seed: int = 0
+
+
+def available_exports(
+    project: Gc25dProject, context: dg.AssetExecutionContext
+) -> tuple[list[EvalExport], list[str]]:
+    """The exports of the sources whose hand-off file exists for this partition, and what is skipped."""
+    cfg = project.config()
+    exports: list[EvalExport] = []
+    skipped: list[str] = []
+    for src in EVAL_SOURCES:
+        path = project.run_dir(cfg, run_folder_of(src.asset), context) / src.file
+        if not path.is_file():
+            skipped.append(f"{src.label}: no {path}")
+            continue
+        try:
+            exports += exports_of_handoff(src.label, path)
+        except ConfigError as e:
+            raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
+    return exports, skipped
+
+
+@dg.asset(
+    name="eval",
+    group_name="eval",
+    partitions_def=cache_snapshots,
+    deps=[src.asset for src in EVAL_SOURCES],
+    kinds={"torch"},
+    pool="gpu",
+    tags={"gpu": "true"},
+    description="SPEC §10 eval sweep (clip28, chain241) of every export of the chain that exists for this "
+    "snapshot: per-export JSON, report.md with plots and the comparison table in the run folder.",
+)
+def eval_asset(
+    context: dg.AssetExecutionContext, config: EvalRunConfig, project: Gc25dProject
+) -> dg.MaterializeResult:
+    import torch
+
+    from gc25d_core.eval.evaluate import Reference, evaluate_export, load_cases, vae_decoder
+    from gc25d_core.eval.report import write_reports
+    from gc25d_core.train.model import pick_device
+
+    version = manifest_version_of(context.partition_key)
+    cfg = project.config()
+    exports, skipped = available_exports(project, context)
+    for line in skipped:
+        context.log.info(f"not evaluated (not produced yet): {line}")
+    if not exports:
+        raise dg.Failure(f"no export to evaluate for {context.partition_key}: " + "; ".join(skipped))
+    ecfg = EvalConfig(
+        clip28_clips=config.clip28_clips,
+        chain241_chains=config.chain241_chains,
+        teacher_steps=config.teacher_steps,
+        decode=config.decode,
+        seed=config.seed,
+        teacher_window=cfg.timeline.num_cells,
+    )
+    cases, clips = load_cases(cfg, ecfg, version)
+    context.log.info(
+        f"snapshot v{version:06d}: "
+        + ", ".join(f"{sweep} {len(c)} cases" for sweep, c in cases.items())
+        + f"; exports {[e.label for e in exports]}"
+    )
+    decode = None
+    if ecfg.decode:
+        from gc25d_core.preprocess.latents import build_vae_for
+
+        device = pick_device(cfg)
+        decode = vae_decoder(build_vae_for(cfg, device), device)
+    ref = Reference(clips, decode)
+    results = []
+    for export in exports:
+        results.append(evaluate_export(export, cfg, ecfg, cases, ref, log=context.log.info))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    run_dir = project.run_dir(cfg, "eval", context)
+    files = write_reports(run_dir, results, ecfg.psnr_cap_db)
+    context.log.info("eval table\n" + files.table)
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "table": dg.MetadataValue.md(files.table),
+        "report": dg.MetadataValue.path(str(run_dir / "report.md")),
+        "exports": [e.label for e in exports],
+        "not_evaluated": skipped,
+    }
+    for name, png in files.plots.items():
+        metadata[f"plot {name}"] = png_markdown(png, name)
+    for label, path in files.json_files.items():
+        metadata[f"json {label}"] = dg.MetadataValue.path(str(Path(path)))
+    return dg.MaterializeResult(metadata=metadata)
