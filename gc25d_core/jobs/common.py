@@ -27,6 +27,17 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def stage_job(stage: str, doc: str | None) -> None:
+    """The entry point of a training stage: parse, process group, reporter, ``train.loop.run_stage``."""
+
+    def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
+        from gc25d_core.train.loop import run_stage
+
+        run_stage(cfg, stage, args.run_dir, rep, max_steps=args.max_steps, fresh=args.fresh)
+
+    run_job(stage_parser((doc or stage).splitlines()[0], stage), main)
+
+
 def stage_parser(description: str, stage: str) -> argparse.ArgumentParser:
     """A training stage's arguments: the base ones, where to stop, whether to start over."""
     p = base_parser(description)

@@ -6,20 +6,7 @@ The config is a resolved Gc25dConfig whose ``sft`` section is an ``SftConfig``
 (gc25d_core.train.config; presets in configs/sft/).
 """
 
-from __future__ import annotations
-
-import argparse
-
-from gc25d_core.config import Gc25dConfig
-from gc25d_core.jobs.common import run_job, stage_parser
-from gc25d_core.report import Reporter
-
-
-def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-    from gc25d_core.train.sft import run_sft
-
-    run_sft(cfg, args.run_dir, rep, max_steps=args.max_steps, fresh=args.fresh)
-
+from gc25d_core.jobs.common import stage_job
 
 if __name__ == "__main__":
-    run_job(stage_parser(__doc__.splitlines()[0], "sft"), main)
+    stage_job("sft", __doc__)

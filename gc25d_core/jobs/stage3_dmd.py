@@ -6,20 +6,7 @@ The config is a resolved Gc25dConfig whose ``stage3_dmd`` section is a ``Stage3C
 (gc25d_core.train.config; presets in configs/stage3_dmd/): the generator stage 2's EMA final export, the real score and critic the SFT teacher.
 """
 
-from __future__ import annotations
-
-import argparse
-
-from gc25d_core.config import Gc25dConfig
-from gc25d_core.jobs.common import run_job, stage_parser
-from gc25d_core.report import Reporter
-
-
-def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-    from gc25d_core.train.stage3_dmd import run_stage3
-
-    run_stage3(cfg, args.run_dir, rep, max_steps=args.max_steps, fresh=args.fresh)
-
+from gc25d_core.jobs.common import stage_job
 
 if __name__ == "__main__":
-    run_job(stage_parser(__doc__.splitlines()[0], "stage3_dmd"), main)
+    stage_job("stage3_dmd", __doc__)

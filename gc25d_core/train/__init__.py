@@ -4,7 +4,7 @@
     engine zero2 fsdp       one Trained protocol: accelerate ZeRO-2, FSDP FULL_SHARD, torch / DDP
     state safe_load ema     the run state (SHA256-checked weights-only slots), the EMA
     data inputs validation metrics model loop handoff   what every stage shares
-    sft                     SPEC §7 bidirectional teacher: ``run_sft(cfg, run_dir, reporter)``
+    sft stage1_tf stage2_cd stage3_dmd   the stages: ``loop.run_stage(cfg, "<stage>", run_dir, reporter)``
     pick                    SPEC §10 teacher pick: ``pick_sft(scores)`` / ``pick_sft_run(run_dir)``
 
 Only ``config``, ``presets`` and ``pick`` are light; the rest import torch (and DeepSpeed / DiffSynth

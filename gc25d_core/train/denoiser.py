@@ -19,10 +19,17 @@ import torch
 from gc25d_core.checkpoint import step_name
 from gc25d_core.distributed import barrier
 from gc25d_core.train.config import StageConfig
-from gc25d_core.train.data import TextBank, TrainingSample, TrainingStream, generator, load_text_table
+from gc25d_core.train.data import (
+    TextBank,
+    TrainingSample,
+    TrainingStream,
+    batch_of,
+    generator,
+    load_text_table,
+)
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained, build_engine
-from gc25d_core.train.inputs import model_kwargs
+from gc25d_core.train.inputs import model_kwargs, to_device
 from gc25d_core.train.loop import StageRun
 from gc25d_core.train.metrics import StepSums
 from gc25d_core.train.model import build_model, init_export, last_stats, param_groups
@@ -45,6 +52,11 @@ class DenoiserRun(StageRun):
     ema: Ema | None = None  # a stage that keeps one sets it in build: saved, updated and exported here
 
     def build(self, resume: ResumePoint) -> None:
+        self.open_stream(resume)
+        self.build_models_and_validation()
+
+    def open_stream(self, resume: ResumePoint, exclude: tuple[str, ...] = ()) -> None:
+        """The pinned train split at the resumed cursor, less the ``exclude``d sample ids."""
         sec = self.section
         self.data = TrainingStream(
             self.cfg,
@@ -54,8 +66,15 @@ class DenoiserRun(StageRun):
             micro_batch=sec.micro_batch,
             device=self.device,
             resume=resume.data,
+            exclude=exclude,
         )
-        self.build_models_and_validation()
+
+    def clean_batch(
+        self, samples: list[TrainingSample]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
+        """x0 float32 on the device [B, 48, N, H, W], the raw ids [B, F, h, w] and per-cell keys."""
+        latent, ids = batch_of([s.latent for s in samples]), batch_of([s.ids for s in samples])
+        return to_device(latent, self.device).float(), ids, [s.keys for s in samples]
 
     def build_models_and_validation(self) -> None:
         """The text bank, engine, trained model and validation clips (after ``self.data``)."""
@@ -219,6 +238,9 @@ class DenoiserRun(StageRun):
             "step": str(step),
             "flow": json.dumps(self.schedule.describe(), sort_keys=True),
         }
+        if self.ema is not None:
+            ema = self.section.ema
+            extra["ema"] = json.dumps({"decay": ema.decay, "start_step": ema.start_step})
         if self.section.model.init in ("export", "handoff"):
             path, sha = init_export(self.section.model)
             extra["init_ckpt"] = json.dumps({"path": str(path), "sha256": sha})

@@ -76,6 +76,18 @@ def build_optimizer(param_groups: list[dict[str, Any]], optim: OptimConfig, on_c
 ParamGroups = Callable[[torch.nn.Module], list[dict[str, Any]]]
 
 
+def apply_update(optimizer: torch.optim.Optimizer, scheduler: Any, norm: torch.Tensor) -> torch.Tensor:
+    """After the clip: the optimizer step, the LR step, the gradients freed; the pre-clip norm back."""
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [float(g["lr"]) for g in optimizer.param_groups]
+
+
 def default_groups(optim: OptimConfig) -> ParamGroups:
     return lambda m: [{"params": [p for p in m.parameters() if p.requires_grad], "lr": optim.lr}]
 
@@ -235,14 +247,14 @@ class _TorchTrained:
     def step(self, boundary: bool) -> torch.Tensor | None:
         if not boundary:
             return None
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return apply_update(
+            self.optimizer,
+            self.scheduler,
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip),
+        )
 
     def lrs(self) -> list[float]:
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
+        return group_lrs(self.optimizer)
 
     def save(self, slot: SlotWriter) -> None:
         if global_rank() == 0:  # replicated: one copy

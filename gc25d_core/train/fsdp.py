@@ -18,8 +18,10 @@ from gc25d_core.train.engine import (
     ParamGroups,
     Trained,
     _accelerate_yaml,
+    apply_update,
     build_optimizer,
     ensure_process_group,
+    group_lrs,
     new_accelerator,
 )
 from gc25d_core.train.state import SlotReader, SlotWriter
@@ -59,14 +61,10 @@ class _FsdpTrained:
     def step(self, boundary: bool) -> torch.Tensor | None:
         if not boundary:
             return None
-        norm = self.wrapped.clip_grad_norm_(self.clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return apply_update(self.optimizer, self.scheduler, self.wrapped.clip_grad_norm_(self.clip))
 
     def lrs(self) -> list[float]:
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
+        return group_lrs(self.optimizer)
 
     def _name(self) -> str:
         return f"{self.name}-rank{global_rank()}.pt"

@@ -43,6 +43,13 @@ from gc25d_core.train.model import pick_device, resolve_precision, set_determini
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
+# stage -> (module, StageRun class): imported when run (each stage file imports what it needs)
+STAGE_RUNS = {
+    "sft": ("gc25d_core.train.sft", "SftRun"),
+    "stage1_tf": ("gc25d_core.train.stage1_tf", "Stage1Run"),
+    "stage2_cd": ("gc25d_core.train.stage2_cd", "Stage2Run"),
+    "stage3_dmd": ("gc25d_core.train.stage3_dmd", "Stage3Run"),
+}
 
 
 class StageRun:
@@ -250,3 +257,23 @@ class StageRun:
         ).hexdigest()
         self.rep.materialize(summary, data_version=digest[:16])
         return summary
+
+
+def run_stage(
+    cfg: Gc25dConfig,
+    stage: str,
+    run_dir: Path | str,
+    reporter: Reporter,
+    *,
+    max_steps: int | None = None,
+    fresh: bool = False,
+) -> dict[str, Any]:
+    """Train (or resume) ``stage`` in ``run_dir`` up to ``max_steps`` (default its section's); every
+    rank calls it inside an initialised process group. Returns the summary rank 0 also materializes."""
+    import importlib
+
+    from gc25d_core.train.presets import stage_config
+
+    module, name = STAGE_RUNS[stage]
+    run_cls = getattr(importlib.import_module(module), name)
+    return run_cls(cfg, stage_config(cfg, stage), Path(run_dir), reporter, fresh=fresh).run(max_steps)

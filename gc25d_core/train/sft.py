@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from gc25d_core.config import Gc25dConfig
-from gc25d_core.report import Reporter
 from gc25d_core.train.config import SftConfig
 from gc25d_core.train.data import TrainingSample, batch_of
 from gc25d_core.train.denoiser import DenoiserRun, MicroLoss
@@ -31,7 +30,7 @@ from gc25d_core.train.inputs import cell_mse, ti2v_inputs
 from gc25d_core.train.metrics import JsonlLog
 from gc25d_core.train.presets import stage_config, with_stage
 
-__all__ = ["SftConfig", "SftRun", "run_sft", "sft_config", "with_sft"]
+__all__ = ["SftConfig", "SftRun", "sft_config", "with_sft"]
 
 
 def sft_config(cfg: Gc25dConfig) -> SftConfig:
@@ -55,19 +54,6 @@ class SftRun(DenoiserRun):
         pred = self.model(**self.kwargs(x_t, t, [s.keys for s in samples], ids), **self.checkpointing())
         mse = cell_mse(pred, target)
         return MicroLoss(mse * w, mse, t)
-
-
-def run_sft(
-    cfg: Gc25dConfig,
-    run_dir: Path | str,
-    reporter: Reporter,
-    *,
-    max_steps: int | None = None,
-    fresh: bool = False,
-) -> dict[str, Any]:
-    """Train (or resume) SFT in ``run_dir`` up to ``max_steps`` (default the config's); every rank
-    calls it inside an initialised process group. Returns the summary rank 0 also materializes."""
-    return SftRun(cfg, sft_config(cfg), Path(run_dir), reporter, fresh=fresh).run(max_steps)
 
 
 def iter_val_records(run_dir: Path | str) -> Iterator[dict[str, Any]]:

@@ -10,21 +10,15 @@ SFT teacher under the causal mask, before any fine-tuning) give the step-0 basel
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import torch
 
-from gc25d_core.config import Gc25dConfig
-from gc25d_core.report import Reporter
 from gc25d_core.train.causal_run import CausalRun, noise_per_cell
 from gc25d_core.train.config import Stage1Config
-from gc25d_core.train.data import TrainingSample, batch_of
+from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.denoiser import MicroLoss
-from gc25d_core.train.inputs import draw_noise, to_device
-from gc25d_core.train.presets import stage_config
+from gc25d_core.train.inputs import draw_noise
 
-__all__ = ["Stage1Run", "run_stage1"]
+__all__ = ["Stage1Run"]
 
 
 class Stage1Run(CausalRun):
@@ -32,8 +26,7 @@ class Stage1Run(CausalRun):
     section: Stage1Config
 
     def micro_loss(self, samples: list[TrainingSample], gen: torch.Generator) -> MicroLoss:
-        latent, ids = batch_of([s.latent for s in samples]), batch_of([s.ids for s in samples])
-        x0 = to_device(latent, self.device).float()
+        x0, ids, keys = self.clean_batch(samples)
         b, n = x0.shape[0], x0.shape[2]
         idx = self.schedule.sample_index(gen, b * n).view(b, n)
         t_cells = self.schedule.timesteps[idx].float()
@@ -41,20 +34,8 @@ class Stage1Run(CausalRun):
         weights = self.schedule.weights[idx].float().to(self.device)
         noise = draw_noise(x0.shape, gen, self.device)
         x_t = noise_per_cell(self.schedule, x0, t_cells, noise)
-        kwargs = self.tf_kwargs(x_t, t_cells, [s.keys for s in samples], ids, x0)
+        kwargs = self.tf_kwargs(x_t, t_cells, keys, ids, x0)
         pred = self.model(**kwargs, **self.checkpointing())
         per_cell = (pred.float() - (noise - x0)).pow(2).mean(dim=(1, 3, 4))[:, 1:]  # [B, N-1]
         loss = (per_cell * weights[:, 1:]).mean()
         return MicroLoss(loss, per_cell.mean(), float(t_cells[:, 1:].mean()))
-
-
-def run_stage1(
-    cfg: Gc25dConfig,
-    run_dir: Path | str,
-    reporter: Reporter,
-    *,
-    max_steps: int | None = None,
-    fresh: bool = False,
-) -> dict[str, Any]:
-    """Train (or resume) stage 1 in ``run_dir``; every rank calls it inside a process group."""
-    return Stage1Run(cfg, stage_config(cfg, "stage1_tf"), Path(run_dir), reporter, fresh=fresh).run(max_steps)

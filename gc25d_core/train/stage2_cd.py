@@ -22,25 +22,21 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from gc25d_core.config import Gc25dConfig
 from gc25d_core.flow import FlowSchedule
-from gc25d_core.report import Reporter
 from gc25d_core.train.causal_run import CausalRun, cells_at, noise_per_cell
 from gc25d_core.train.config import Stage2Config
-from gc25d_core.train.data import TrainingSample, batch_of
+from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.denoiser import MicroLoss
 from gc25d_core.train.ema import Ema
-from gc25d_core.train.inputs import draw_noise, to_device
+from gc25d_core.train.inputs import draw_noise
 from gc25d_core.train.model import build_model, init_export
-from gc25d_core.train.presets import stage_config
 from gc25d_core.train.state import ResumePoint
 
-__all__ = ["Stage2Run", "cd_target", "interval_points", "run_stage2", "teacher_solve"]
+__all__ = ["Stage2Run", "cd_target", "interval_points", "teacher_solve"]
 
 Velocity = Callable[[torch.Tensor, float], torch.Tensor]  # (x_t, t) -> v
 X0 = Callable[[torch.Tensor, float], torch.Tensor]  # (x_t, t) -> x̂0
@@ -108,9 +104,7 @@ class Stage2Run(CausalRun):
 
     def micro_loss(self, samples: list[TrainingSample], gen: torch.Generator) -> MicroLoss:
         sec = self.section
-        latent, ids = batch_of([s.latent for s in samples]), batch_of([s.ids for s in samples])
-        keys = [s.keys for s in samples]
-        x0 = to_device(latent, self.device).float()
+        x0, ids, keys = self.clean_batch(samples)
         n = int(torch.randint(0, len(self.axis), (1,), generator=gen))
         points = interval_points(self.axis, n, sec.teacher_substeps, self.schedule)
         noise = draw_noise(x0.shape, gen, self.device)
@@ -139,18 +133,5 @@ class Stage2Run(CausalRun):
         meta = super().export_metadata(step)
         meta["extra"].update(
             cd_solver=json.dumps({"kind": "euler", "substeps": self.section.teacher_substeps, "cfg": 1.0}),
-            ema=json.dumps({"decay": self.section.ema.decay, "start_step": self.section.ema.start_step}),
         )
         return meta
-
-
-def run_stage2(
-    cfg: Gc25dConfig,
-    run_dir: Path | str,
-    reporter: Reporter,
-    *,
-    max_steps: int | None = None,
-    fresh: bool = False,
-) -> dict[str, Any]:
-    """Train (or resume) stage 2 in ``run_dir``; every rank calls it inside a process group."""
-    return Stage2Run(cfg, stage_config(cfg, "stage2_cd"), Path(run_dir), reporter, fresh=fresh).run(max_steps)

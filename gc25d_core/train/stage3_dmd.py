@@ -32,23 +32,20 @@ from typing import Any, cast
 
 import torch
 
-from gc25d_core.config import Gc25dConfig
 from gc25d_core.distributed import all_reduce, broadcast_ints
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.sem_cond import cell_frame_slice
-from gc25d_core.report import Reporter
 from gc25d_core.train.causal_run import CausalRun
 from gc25d_core.train.config import Stage3Config
-from gc25d_core.train.data import TrainingSample, TrainingStream, batch_of, generator
+from gc25d_core.train.data import TrainingSample, batch_of, generator
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained
 from gc25d_core.train.inputs import to_device
 from gc25d_core.train.metrics import StepSums
 from gc25d_core.train.model import build_model, init_export, param_groups
-from gc25d_core.train.presets import stage_config
 from gc25d_core.train.state import ResumePoint, Stateful
 
-__all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss", "run_stage3"]
+__all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss"]
 
 
 # ============================================================================== the math
@@ -101,16 +98,7 @@ class Stage3Run(CausalRun):
         sec = self.section
         root = Path(sec.data.meta_root or self.cfg.paths.data_root)
         without_ext = tuple(sorted(r.clip_id for r in read_index(Layout(root)) if not r.has_ext))
-        self.data = TrainingStream(
-            self.cfg,
-            sec.data,
-            sec.dropout,
-            seed=sec.seed,
-            micro_batch=sec.micro_batch,
-            device=self.device,
-            resume=resume.data,
-            exclude=without_ext,  # the rollout needs the extension's ids and prompts
-        )
+        self.open_stream(resume, exclude=without_ext)  # the rollout needs the extension's ids and prompts
         self.build_models_and_validation()
         path, _ = init_export(sec.model)
         _, meta = read_export(path)
@@ -313,20 +301,5 @@ class Stage3Run(CausalRun):
                     "t_clamp": [sec.t_min, sec.t_max],
                 }
             ),
-            ema=json.dumps({"decay": sec.ema.decay, "start_step": sec.ema.start_step}),
         )
         return meta
-
-
-def run_stage3(
-    cfg: Gc25dConfig,
-    run_dir: Path | str,
-    reporter: Reporter,
-    *,
-    max_steps: int | None = None,
-    fresh: bool = False,
-) -> dict[str, Any]:
-    """Train (or resume) stage 3 in ``run_dir``; every rank calls it inside a process group."""
-    return Stage3Run(cfg, stage_config(cfg, "stage3_dmd"), Path(run_dir), reporter, fresh=fresh).run(
-        max_steps
-    )

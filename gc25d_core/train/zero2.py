@@ -19,6 +19,7 @@ from gc25d_core.train.engine import (
     _host_copy,
     build_optimizer,
     ensure_process_group,
+    group_lrs,
     new_accelerator,
 )
 from gc25d_core.train.state import SlotReader, SlotWriter
@@ -91,7 +92,7 @@ class _Zero2Trained:
         return norm if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
 
     def lrs(self) -> list[float]:
-        return [float(g["lr"]) for g in self.client_optimizer.param_groups]
+        return group_lrs(self.client_optimizer)
 
     def save(self, slot: SlotWriter) -> None:
         with self.safe_ckpt.recording(slot.folder) as digests:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gc25d_core.report import StdoutReporter
-from gc25d_core.train.sft import run_sft
+from gc25d_core.train.loop import run_stage
 from tests.train.resume_checks import launch, records
 from tests.train.world import sft_world, write_config
 
@@ -49,7 +49,7 @@ def one_thread():
 
 def test_torch_engine_in_process_reproduces_the_golden_curve(tmp_path, one_thread):
     cfg = sft_world(tmp_path, {**SFT, "engine": "torch"}, section=SECTION)
-    run_sft(cfg, tmp_path / "run", StdoutReporter(rank=0))
+    run_stage(cfg, "sft", tmp_path / "run", StdoutReporter(rank=0))
     _check(tmp_path / "run")
 
 

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from gc25d_core.hashing import sha256_file
 from gc25d_core.report import StdoutReporter
-from gc25d_core.train.sft import SftRun, run_sft, sft_config
+from gc25d_core.train.loop import run_stage
+from gc25d_core.train.sft import SftRun, sft_config
 from tests.train.world import sft_world
 
 SFT = {
@@ -74,7 +75,7 @@ def _copy(run: Path, to: Path) -> Path:
 
 def _resume_error(cfg, run: Path) -> Exception | None:
     try:
-        run_sft(cfg, run, StdoutReporter(rank=0))
+        run_stage(cfg, "sft", run, StdoutReporter(rank=0))
     except Exception as e:  # the caller asserts its type and message after checking the marker
         return e
     return None
@@ -92,7 +93,7 @@ def test_trainer_installs_the_safe_engine_and_records_every_state_file(trained, 
     assert all(sha256_file(slot / name) == digest for name, digest in digests.items())
     assert not list(slot.glob("sha256-rank*.json"))  # the per-rank parts were merged away
     # the allowlist is enough for what DeepSpeed really saved: a clean resume loads every file
-    resumed = run_sft(cfg, _copy(run, tmp_path / "run"), StdoutReporter(rank=0))
+    resumed = run_stage(cfg, "sft", _copy(run, tmp_path / "run"), StdoutReporter(rank=0))
     assert resumed["resumed_from_step"] == 2
 
 

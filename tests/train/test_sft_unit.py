@@ -17,8 +17,9 @@ from gc25d_core.train.data import SampleTransform, prompt_keys
 from gc25d_core.train.engine import deepspeed_config, lr_lambda
 from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_core.train.inputs import cell_mse, ti2v_inputs
+from gc25d_core.train.loop import run_stage
 from gc25d_core.train.metrics import StepProfiler
-from gc25d_core.train.sft import run_sft, sft_config, with_sft
+from gc25d_core.train.sft import sft_config, with_sft
 from gc25d_core.vocab import UNKNOWN
 from tests.train.world import sft_world
 
@@ -203,11 +204,11 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         "val": {"every": 3, "num_clips": 1},
     }
     cfg = with_sft(world, "tiny", sft)
-    full = run_sft(cfg, tmp_path / "full", StdoutReporter(rank=0))
+    full = run_stage(cfg, "sft", tmp_path / "full", StdoutReporter(rank=0))
     assert full["final_step"] == 6 and full["state_slots"] == ["step-000004", "step-000006"]
-    part = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0), max_steps=4)
+    part = run_stage(cfg, "sft", tmp_path / "part", StdoutReporter(rank=0), max_steps=4)
     assert part["final_step"] == 4 and not (tmp_path / "part" / "done.json").exists()
-    rest = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0))
+    rest = run_stage(cfg, "sft", tmp_path / "part", StdoutReporter(rank=0))
     assert rest["resumed_from_step"] == 4 and (tmp_path / "part" / "done.json").exists()
 
     def curve(run):
@@ -219,11 +220,11 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     b = torch.load(tmp_path / "part/state/step-000006/model.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["scheduler"] == b["scheduler"]
-    again = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0))  # nothing left to do
+    again = run_stage(cfg, "sft", tmp_path / "part", StdoutReporter(rank=0))  # nothing left to do
     assert again["resumed_from_step"] == 6 and again["final_step"] == 6
     assert (tmp_path / "part" / FINAL).is_file()
     (tmp_path / "part" / TEACHER).write_text("{}")  # as sft_teacher leaves it
-    fresh = run_sft(cfg, tmp_path / "part", StdoutReporter(rank=0), max_steps=1, fresh=True)
+    fresh = run_stage(cfg, "sft", tmp_path / "part", StdoutReporter(rank=0), max_steps=1, fresh=True)
     assert fresh["resumed_from_step"] == 0 and fresh["state_slots"] == ["step-000001"]
     assert fresh["exports"] == ["step-000001.safetensors"]
     # the old hand-offs name exports a fresh run deleted: gone, so no next stage starts from them
@@ -249,7 +250,7 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
         "val": {"every": 100, "num_clips": 1},
     }
     cfg = with_sft(world, "tiny", sft)
-    out = run_sft(cfg, tmp_path / "run", StdoutReporter(rank=0))
+    out = run_stage(cfg, "sft", tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 6
     for step, epoch, n in ((3, 1, 1), (6, 2, 2)):
         data = json.loads((tmp_path / "run" / f"state/step-{step:06d}/data.json").read_text())
@@ -282,7 +283,7 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
 def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread):
     """state_final / export_final off (what bench/bench_sft_h200.py asks): the last step writes
     neither the rotating state nor an export; the run still finishes and says so."""
-    out = run_sft(with_sft(world, "tiny", BENCH_SFT), tmp_path / "run", StdoutReporter(rank=0))
+    out = run_stage(with_sft(world, "tiny", BENCH_SFT), "sft", tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []
     assert not list((tmp_path / "run" / "state").glob("step-*"))
     assert (tmp_path / "run" / "done.json").is_file()
@@ -334,7 +335,7 @@ def test_data_wait_is_the_time_spent_waiting_for_micro_batches(world, tmp_path, 
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
         return [json.loads(x)["data_wait_s"] for x in lines]
 
-    run_sft(cfg, tmp_path / "fast", StdoutReporter(rank=0))
+    run_stage(cfg, "sft", tmp_path / "fast", StdoutReporter(rank=0))
     prepare = SampleTransform.prepare
 
     def slow_prepare(self, sample):
@@ -342,7 +343,7 @@ def test_data_wait_is_the_time_spent_waiting_for_micro_batches(world, tmp_path, 
         return prepare(self, sample)
 
     monkeypatch.setattr(SampleTransform, "prepare", slow_prepare)
-    run_sft(cfg, tmp_path / "slow", StdoutReporter(rank=0))
+    run_stage(cfg, "sft", tmp_path / "slow", StdoutReporter(rank=0))
     fast, slow = waits("fast"), waits("slow")
     assert len(fast) == len(slow) == 2
     assert all(w >= 0.2 * micro for w in slow), (slow, micro)

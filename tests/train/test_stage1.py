@@ -13,7 +13,7 @@ import torch
 from gc25d_core.flow import DEPLOY_AXIS, WAN_SCHEDULE
 from gc25d_core.report import StdoutReporter
 from gc25d_core.train.causal_run import noise_per_cell
-from gc25d_core.train.stage1_tf import run_stage1
+from gc25d_core.train.loop import run_stage
 from tests.models.tiny import kv_cell_output, make_inputs
 from tests.train.world import stage1_world
 
@@ -32,7 +32,7 @@ def trained(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("stage1")
     cfg = stage1_world(root, STAGE1)
-    summary = run_stage1(cfg, root / "run", StdoutReporter(rank=0))
+    summary = run_stage(cfg, "stage1_tf", root / "run", StdoutReporter(rank=0))
     return cfg, root / "run", summary
 
 
