@@ -65,23 +65,38 @@ def test_zero2_engine_on_one_rank_under_torchrun_reproduces_the_golden_curve(tmp
 
 
 @pytest.mark.slow
-def test_a_run_relaunched_by_hand_through_accelerate_launch_resumes(tmp_path):
+@pytest.mark.parametrize("stage", ["sft", "stage1_tf"])
+def test_a_run_relaunched_by_hand_through_accelerate_launch_resumes(tmp_path, stage):
     """The generated accelerate.yaml is what ``accelerate launch --config_file`` takes: the same stage
-    relaunched that way resumes from the run folder's state."""
+    relaunched that way resumes from the run folder's state (SFT, and stage 1 from a hand-off)."""
     import os
     import subprocess
     import sys
 
     from tests.train.resume_checks import ROOT
+    from tests.train.world import stage1_world
 
-    cfg = sft_world(tmp_path, {**SFT, "engine": "zero2", "max_steps": 4, "state_every": 4})
+    section = {
+        "engine": "zero2",
+        "max_steps": 4,
+        "state_every": 4,
+        "save_every": 4,
+        "val": {"every": 4, "num_clips": 1},
+    }
+    cfg = (
+        sft_world(tmp_path, {**SFT, **section}, section=SECTION)
+        if stage == "sft"
+        else stage1_world(tmp_path, section)
+    )
     config = write_config(cfg, tmp_path / "run.yaml")
     run = tmp_path / "run"
-    first = launch(["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run)], nproc=1)
+    first = launch(
+        ["-m", f"gc25d_core.jobs.{stage}", "--config", str(config), "--run-dir", str(run)], nproc=1
+    )
     assert first.returncode == 0, first.stderr[-4000:]
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["launch", "--config_file", str(run / "accelerate.yaml"), "-m", "gc25d_core.jobs.sft"]
+    args = ["launch", "--config_file", str(run / "accelerate.yaml"), "-m", f"gc25d_core.jobs.{stage}"]
     args += ["--config", str(run / "config.yaml"), "--run-dir", str(run), "--max-steps", "6"]
     again = subprocess.run(
         [str(accelerate), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
