@@ -12,10 +12,11 @@ import psutil
 
 
 def processes_with(marker: str) -> list[psutil.Process]:
+    """Every process (but this one) whose command line mentions ``marker`` (a tmp run folder)."""
     procs = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if any(marker in part for part in (p.info["cmdline"] or [])):
+            if p.pid != os.getpid() and any(marker in part for part in (p.info["cmdline"] or [])):
                 procs.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

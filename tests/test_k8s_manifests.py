@@ -22,15 +22,19 @@ ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "PYTHONUNBUFFERED": "1",
 }
+# what both cases' image and volume look like
+IMAGE = {
+    "python": "/opt/gc25d/.venv/bin/python",
+    "image": "registry.example/gc25d:1.0",
+    "workdir": "/opt/gc25d",
+    "shared_claim": "gc25d-shared",
+}
 CASES = {
     "sft_2x8_h200": KubernetesLauncher(
+        **IMAGE,
         nnodes=2,
         nproc_per_node=8,
-        python="/opt/gc25d/.venv/bin/python",
         namespace="research",
-        image="registry.example/gc25d:1.0",
-        workdir="/opt/gc25d",
-        shared_claim="gc25d-shared",
         shared_mount="/shared",
         gpus_per_node=8,
         cpu="96",
@@ -38,14 +42,7 @@ CASES = {
         node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     ),
-    "cluster_check_1x2_cpu": KubernetesLauncher(
-        nnodes=1,
-        nproc_per_node=2,
-        python="/opt/gc25d/.venv/bin/python",
-        image="registry.example/gc25d:1.0",
-        workdir="/opt/gc25d",
-        shared_claim="gc25d-shared",
-    ),
+    "cluster_check_1x2_cpu": KubernetesLauncher(**IMAGE, nnodes=1, nproc_per_node=2),
 }
 MODULES = {"sft_2x8_h200": "gc25d_core.jobs.sft", "cluster_check_1x2_cpu": "gc25d_core.jobs.cluster_check"}
 

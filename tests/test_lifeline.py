@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from gc25d_core.config import load_config, write_resolved
-from gc25d_pipeline.defs.ops.assets import cluster_check
-from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+from tests.launch_helpers import JOB_MODULE, materialize_cluster_check, start_cluster_check_cli
+from tests.peers import processes_with
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -29,23 +29,10 @@ pytestmark = pytest.mark.slow
 DEATH_BOUND_S = 5.0
 JOB_STEPS, JOB_STEP_S = 400, 0.05  # >= 20 s of steps: an orphan cannot finish within the bound
 START_BOUND_S = 120.0
-JOB_MODULE = "gc25d_core.jobs.cluster_check"
-
-
-def _processes_with(marker: str) -> list[psutil.Process]:
-    """Every process (but this one) whose command line mentions ``marker`` (a tmp run folder)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 def _kill_all(marker: str) -> None:
-    for proc in _processes_with(marker):
+    for proc in processes_with(marker):
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
 
@@ -58,7 +45,7 @@ def _wait_for_job(marker: str, search_root: Path) -> tuple[psutil.Process, list[
     """torchrun and its two ranks, once a first checkpoint under ``search_root`` proves they work."""
     deadline = time.monotonic() + START_BOUND_S
     while time.monotonic() < deadline:
-        job = [p for p in _processes_with(marker) if JOB_MODULE in " ".join(p.cmdline())]
+        job = [p for p in processes_with(marker) if JOB_MODULE in " ".join(p.cmdline())]
         pids = {p.pid for p in job}
         agents = [p for p in job if p.ppid() not in pids]  # torchrun: the one no other job process started
         if len(agents) == 1 and _checkpoint_steps(search_root):
@@ -119,7 +106,7 @@ def test_sigkill_of_torchrun_kills_its_ranks(tmp_path):
         torchrun_proc.kill()
         torchrun_proc.wait(timeout=DEATH_BOUND_S)
         assert _survivors(ranks) == [], "ranks outlived their torchrun"
-        assert _processes_with(str(run_dir)) == []
+        assert processes_with(str(run_dir)) == []
     finally:
         torchrun_proc.kill()
         _kill_all(str(run_dir))
@@ -132,21 +119,12 @@ def test_retry_after_sigkill_of_torchrun_resumes_in_the_same_run_folder(tmp_path
     down; the test above is the one that shows orphans on unfixed code.)
     """
     runs_root = tmp_path / "runs"
-    project = Gc25dProject(
-        preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(runs_root))
-    )
     killer = _KillTorchrun(runs_root)
     try:
         killer.start()
         with dg.instance_for_test() as instance:
-            result = dg.materialize(  # in this thread: this process is the step process
-                [cluster_check],
-                resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)},
-                instance=instance,
-                run_config={
-                    "ops": {"cluster_check": {"config": {"steps": JOB_STEPS, "step_seconds": JOB_STEP_S}}}
-                },
-                raise_on_error=False,
+            result = materialize_cluster_check(  # in this thread: this process is the step process
+                tmp_path, instance, TorchrunLauncher(nproc_per_node=2), JOB_STEPS, JOB_STEP_S
             )
             killer.join(timeout=START_BOUND_S + DEATH_BOUND_S)
             assert killer.error is None, killer.error
@@ -162,39 +140,15 @@ def test_retry_after_sigkill_of_torchrun_resumes_in_the_same_run_folder(tmp_path
         assert md["total"].value == JOB_STEPS * 3.0  # and the state carried over exactly
         roles = {json.loads(p.read_text())["role"] for p in runs_root.rglob(".lifeline/*.json")}
         assert roles == {"launcher", "torchrun", "rank"}  # every layer recorded itself for the guard
-        assert _processes_with(str(runs_root)) == []
+        assert processes_with(str(runs_root)) == []
     finally:
         _kill_all(str(runs_root))
 
 
 def test_sigkill_of_the_step_process_kills_torchrun_and_its_ranks(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     runs_root = tmp_path / "runs"
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "GC25D_PRESET": "tiny",
-        "GC25D_OVERRIDES": f"paths.runs_root={runs_root};paths.data_root={tmp_path / 'data'}",
-    }
-    config = '{"ops": {"cluster_check": {"config": {"steps": 100000, "step_seconds": 0.05}}}}'
-    cli = [
-        str(Path(sys.executable).parent / "dagster"),
-        "asset",
-        "materialize",
-        "-m",
-        "gc25d_pipeline.definitions",
-    ]
     with open(tmp_path / "dagster.log", "wb") as log:
-        run = subprocess.Popen(
-            [*cli, "--select", "cluster_check", "--config-json", config],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        run = start_cluster_check_cli(tmp_path, runs_root, stdout=log)
     try:
         torchrun, ranks = _wait_for_job(str(runs_root), runs_root)
         step = torchrun.parent()

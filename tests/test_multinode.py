@@ -5,23 +5,21 @@ script it writes (tests/peers.py plays the second machine)."""
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import dagster as dg
-import psutil
 import pytest
-import yaml
 
-from gc25d_pipeline.defs.ops.assets import cluster_check
-from gc25d_pipeline.lib.launcher import PreparedLaunch, shared_fs_bootstrap_env
-from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+from gc25d_pipeline.lib.launcher import PreparedLaunch, shared_fs_bootstrap_env, shared_fs_pipes
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+from tests.launch_helpers import (
+    error_messages,
+    interrupt_run_worker,
+    materialize_cluster_check,
+    start_cluster_check_cli,
+    wait_for_cluster_check,
+)
 from tests.peers import PeerNodes, processes_with
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
@@ -37,19 +35,6 @@ def _launcher(port: int, env: dict[str, str] | None = None) -> TorchrunLauncher:
     )
 
 
-def _project(tmp_path: Path) -> Gc25dProject:
-    store = ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs"))
-    return Gc25dProject(preset="tiny", store=store)
-
-
-def _messages(error) -> list[str]:
-    out = []
-    while error is not None:
-        out.append(error.message)
-        error = error.cause
-    return out
-
-
 def test_bootstrap_env_matches_a_real_session(tmp_path):
     """The peer script's Pipes variables are computed before the session exists: same as Dagster's."""
     seen = {}
@@ -58,11 +43,7 @@ def test_bootstrap_env_matches_a_real_session(tmp_path):
 
     @dg.asset
     def probe(context: dg.AssetExecutionContext):
-        with dg.open_pipes_session(
-            context=context,
-            context_injector=dg.PipesFileContextInjector(str(launch.context_path)),
-            message_reader=dg.PipesFileMessageReader(str(launch.messages_path)),
-        ) as session:
+        with dg.open_pipes_session(context=context, **shared_fs_pipes(launch)) as session:
             seen.update(session.get_bootstrap_env_vars())
         return dg.MaterializeResult()  # no external process ran: nothing came through the session
 
@@ -75,13 +56,7 @@ def test_two_nodes_one_materialization_and_node1_root_cause_then_resume(tmp_path
     peers.start()
     try:
         with dg.instance_for_test() as instance:
-            result = dg.materialize(
-                [cluster_check],
-                resources={"project": _project(tmp_path), "torchrun": _launcher(_free_port())},
-                instance=instance,
-                run_config={"ops": {"cluster_check": {"config": {"steps": 5}}}},
-                raise_on_error=False,
-            )
+            result = materialize_cluster_check(tmp_path, instance, _launcher(_free_port()))
             logs = [r.user_message for r in instance.all_logs(result.run_id)]
     finally:
         peers.stop()
@@ -89,7 +64,7 @@ def test_two_nodes_one_materialization_and_node1_root_cause_then_resume(tmp_path
     # attempt 0: node 1's rank failed at step 3; its error (not node 0's lost peer) fails the step
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert len(retries) == 1
-    messages = _messages(retries[0].event_specific_data.error)
+    messages = error_messages(retries[0].event_specific_data.error)
     assert any("node 1 local rank 0 failed" in m and "InjectedFault" in m for m in messages), messages
     assert any("node 1 local rank 0 failed" in m and "injected fault on rank" in m for m in logs)
     assert len(peers.started_scripts) == 2  # one peer script per attempt
@@ -102,64 +77,24 @@ def test_two_nodes_one_materialization_and_node1_root_cause_then_resume(tmp_path
 
 
 def test_terminating_the_run_reaches_both_agents(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     runs_root = tmp_path / "runs_multinode_terminate"
-    launcher_cfg = tmp_path / "launcher.yaml"
     port = _free_port()
-    launcher_cfg.write_text(
-        yaml.safe_dump(
-            {"kind": "torchrun", "nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": f"127.0.0.1:{port}"}
-        )
-    )
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "GC25D_PRESET": "tiny",
-        "GC25D_OVERRIDES": f"paths.runs_root={runs_root};paths.data_root={tmp_path / 'data'}",
-        "GC25D_LAUNCHER_CONFIG": str(launcher_cfg),
-    }
-    cmd = [
-        str(Path(sys.executable).parent / "dagster"),
-        "asset",
-        "materialize",
-        "-m",
-        "gc25d_pipeline.definitions",
-        "--select",
-        "cluster_check",
-        "--config-json",
-        '{"ops": {"cluster_check": {"config": {"steps": 100000, "step_seconds": 0.05}}}}',
-    ]
+    launcher = {"kind": "torchrun", "nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": f"127.0.0.1:{port}"}
     peers = PeerNodes(runs_root, nodes=[1])
     peers.start()
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    marker = str(runs_root)
+    proc = start_cluster_check_cli(tmp_path, runs_root, launcher)
     try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            job = [
-                p for p in processes_with(marker) if "gc25d_core.jobs.cluster_check" in " ".join(p.cmdline())
-            ]
-            # two agents + one rank each, and a first checkpoint proves the ranks are working
-            if len(job) >= 4 and list(runs_root.rglob("step-*")):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("the two-node job did not start within 150 s")
+        # two agents + one rank each
+        job = wait_for_cluster_check(runs_root, 4, 150, "the two-node job")
         agents = [p for p in job if "gc25d_core.lifeline" in p.cmdline()]
         assert len(agents) == 2
-        pids = [p.pid for p in processes_with(marker)]
-        os.kill(proc.pid, signal.SIGINT)  # only node 0's run worker: the stop must reach node 1 itself
-        proc.wait(timeout=90)
-        _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=60)
+        # only node 0's run worker is stopped: the stop must reach node 1 itself
+        alive = interrupt_run_worker(proc, runs_root, timeout_s=60)
         assert not alive, f"left running: {[p.cmdline() for p in alive]}"
         assert all(p.poll() is not None for p in peers.procs)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         peers.stop()
-        for p in processes_with(marker):
+        for p in processes_with(str(runs_root)):
             p.kill()

@@ -48,6 +48,20 @@ class TrainedSnapshot:
     def sft_dir(self) -> Path:
         return self.root / "runs" / "sft" / "v000001"
 
+    def materialize_after(self, asset: dg.AssetsDefinition, max_steps: int) -> tuple[dict, Path]:
+        """``asset`` on v000001 after the teacher pick: its metadata and its run folder."""
+        assert self.result.success
+        name = asset.key.to_user_string()
+        result = dg.materialize(
+            [asset],
+            partition_key="v000001",
+            instance=self.instance,
+            resources=self.resources,
+            run_config={"ops": {name: {"config": {"max_steps": max_steps}}}},
+        )
+        assert result.success
+        return result.asset_materializations_for_node(name)[0].metadata, self.root / "runs" / name / "v000001"
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Iterator[TrainedSnapshot]:
@@ -113,18 +127,8 @@ def test_sft_and_teacher_per_snapshot(trained):
 
 
 def test_stage_initialised_from_the_teacher_handoff(trained):
-    assert trained.result.success
-    result = dg.materialize(
-        [sft_finetune],
-        partition_key="v000001",
-        instance=trained.instance,
-        resources=trained.resources,
-        run_config={"ops": {"sft_finetune": {"config": {"max_steps": FINETUNE_STEPS}}}},
-    )
-    assert result.success
-    run_dir = trained.root / "runs" / "sft_finetune" / "v000001"
+    md, run_dir = trained.materialize_after(sft_finetune, FINETUNE_STEPS)
     teacher_json = trained.sft_dir / TEACHER
-    md = result.asset_materializations_for_node("sft_finetune")[0].metadata
     assert md["init_handoff"].value == str(teacher_json)
 
     # the resolved config in its own run folder points at the hand-off file, nothing re-derived
@@ -159,16 +163,7 @@ def test_stage1_asset_trains_the_causal_student_from_the_teacher(trained):
     """The product asset after sft_teacher: stage1_tf resolves its init from teacher.json, trains
     through the real 2-rank entry point and writes a causal export (final.json comes only at the
     preset's max_steps; this run stops at step 2)."""
-    assert trained.result.success
-    result = dg.materialize(
-        [stage1_tf],
-        partition_key="v000001",
-        instance=trained.instance,
-        resources=trained.resources,
-        run_config={"ops": {"stage1_tf": {"config": {"max_steps": FINETUNE_STEPS}}}},
-    )
-    assert result.success
-    run_dir = trained.root / "runs" / "stage1_tf" / "v000001"
+    _, run_dir = trained.materialize_after(stage1_tf, FINETUNE_STEPS)
     from gc25d_core.train.presets import stage_config
 
     model = stage_config(config_from_yaml(run_dir / "config.yaml"), "stage1_tf").model

@@ -6,21 +6,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
-from gc25d_pipeline.defs.ops.assets import cluster_check
-from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 from gc25d_pipeline.lib.slurm import JOB_RECORD, SlurmLauncher, parse_scontrol
+from tests.launch_helpers import error_messages, materialize_cluster_check, start_cluster_check_cli
 from tests.services import ensure_service, slurm_up
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
@@ -31,25 +27,6 @@ def slurm():
 
 def _launcher(env: dict[str, str] | None = None) -> SlurmLauncher:
     return SlurmLauncher(nproc_per_node=2, cpus_per_task=1, poll_interval_s=0.5, extra_env=env or {})
-
-
-def _materialize(tmp_path, instance, launcher, steps=5, step_seconds=0.0):
-    store = ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs"))
-    return dg.materialize(
-        [cluster_check],
-        resources={"project": Gc25dProject(preset="tiny", store=store), "torchrun": launcher},
-        instance=instance,
-        run_config={"ops": {"cluster_check": {"config": {"steps": steps, "step_seconds": step_seconds}}}},
-        raise_on_error=False,
-    )
-
-
-def _messages(error) -> list[str]:
-    out = []
-    while error is not None:
-        out.append(error.message)
-        error = error.cause
-    return out
 
 
 def _job_state(job_id: str) -> str:
@@ -79,7 +56,7 @@ def test_parse_scontrol():
 
 def test_sbatch_job_reports_once_through_shared_pipes(tmp_path):
     with dg.instance_for_test() as instance:
-        result = _materialize(tmp_path, instance, _launcher())
+        result = materialize_cluster_check(tmp_path, instance, _launcher())
         logs = [r.user_message for r in instance.all_logs(result.run_id)]
     assert result.success, logs[-20:]
     mats = [e for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
@@ -93,11 +70,13 @@ def test_sbatch_job_reports_once_through_shared_pipes(tmp_path):
 
 def test_failed_rank_fails_the_step_with_its_error(tmp_path):
     with dg.instance_for_test() as instance:
-        result = _materialize(tmp_path, instance, _launcher({"GC25D_FAULT": "rank=1,step=2,attempt=0"}))
+        result = materialize_cluster_check(
+            tmp_path, instance, _launcher({"GC25D_FAULT": "rank=1,step=2,attempt=0"})
+        )
         logs = [r.user_message for r in instance.all_logs(result.run_id)]
     assert result.success  # attempt 1 resumed
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-    messages = _messages(retries[0].event_specific_data.error)
+    messages = error_messages(retries[0].event_specific_data.error)
     assert any("local rank 1 failed" in m and "InjectedFault" in m and "FAILED" in m for m in messages), (
         messages
     )
@@ -120,14 +99,14 @@ def test_scancel_from_outside_fails_the_step_and_the_retry_resumes(tmp_path):
     canceller = threading.Thread(target=cancel_first_job, daemon=True)
     canceller.start()
     with dg.instance_for_test() as instance:
-        result = _materialize(tmp_path, instance, _launcher(), steps=30, step_seconds=0.1)
+        result = materialize_cluster_check(tmp_path, instance, _launcher(), steps=30, step_seconds=0.1)
         logs = [r.user_message for r in instance.all_logs(result.run_id)]
     canceller.join(timeout=10)
     job_id = cancelled["job"]
     assert result.success, logs[-20:]
     retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert len(retries) == 1
-    messages = _messages(retries[0].event_specific_data.error)
+    messages = error_messages(retries[0].event_specific_data.error)
     assert any(
         f"Slurm job {job_id} was cancelled outside Dagster" in m and "CANCELLED" in m for m in messages
     ), messages
@@ -140,35 +119,9 @@ def test_scancel_from_outside_fails_the_step_and_the_retry_resumes(tmp_path):
 
 
 def test_terminating_the_run_scancels_the_job(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     runs_root = tmp_path / "runs"
-    launcher_cfg = tmp_path / "launcher.yaml"
-    launcher_cfg.write_text(
-        yaml.safe_dump({"kind": "slurm", "nproc_per_node": 2, "cpus_per_task": 1, "poll_interval_s": 0.5})
-    )
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "GC25D_PRESET": "tiny",
-        "GC25D_OVERRIDES": f"paths.runs_root={runs_root};paths.data_root={tmp_path / 'data'}",
-        "GC25D_LAUNCHER_CONFIG": str(launcher_cfg),
-    }
-    cmd = [
-        str(Path(sys.executable).parent / "dagster"),
-        "asset",
-        "materialize",
-        "-m",
-        "gc25d_pipeline.definitions",
-        "--select",
-        "cluster_check",
-        "--config-json",
-        '{"ops": {"cluster_check": {"config": {"steps": 100000, "step_seconds": 0.05}}}}',
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    launcher = {"kind": "slurm", "nproc_per_node": 2, "cpus_per_task": 1, "poll_interval_s": 0.5}
+    proc = start_cluster_check_cli(tmp_path, runs_root, launcher)
     job_id = None
     try:
         job_id, _ = _wait_for_job(runs_root, timeout_s=150)

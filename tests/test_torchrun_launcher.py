@@ -2,34 +2,28 @@
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import dagster as dg
-import psutil
 import pytest
 
-from gc25d_pipeline.defs.ops.assets import cluster_check
-from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+from tests.launch_helpers import (
+    error_messages,
+    interrupt_run_worker,
+    materialize_cluster_check,
+    start_cluster_check_cli,
+    wait_for_cluster_check,
+)
+from tests.peers import processes_with
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
 def _materialize(tmp_path, instance, fault: str | None = None, steps: int = 5):
     env = {"GC25D_FAULT": fault} if fault else {}
-    project = Gc25dProject(
-        preset="tiny", store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs"))
-    )
-    return dg.materialize(
-        [cluster_check],
-        resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2, extra_env=env)},
-        instance=instance,
-        run_config={"ops": {"cluster_check": {"config": {"steps": steps}}}},
-        raise_on_error=False,
+    return materialize_cluster_check(
+        tmp_path, instance, TorchrunLauncher(nproc_per_node=2, extra_env=env), steps=steps
     )
 
 
@@ -57,10 +51,7 @@ def test_crashed_rank_fails_the_step_with_its_error(tmp_path):
         assert not result.success
         failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         assert len(failures) == 1
-        error, messages = failures[0].event_specific_data.error, []
-        while error is not None:  # "Exceeded max_retries" wraps the launcher's Failure
-            messages.append(error.message)
-            error = error.cause
+        messages = error_messages(failures[0].event_specific_data.error)
         assert any("local rank 1 failed" in m and "InjectedFault" in m for m in messages), messages
         logs = [r.user_message for r in instance.all_logs(result.run_id)]
         assert any("local rank 1 failed" in m and "injected fault on rank 1 at step 3" in m for m in logs)
@@ -82,65 +73,17 @@ def test_retry_resumes_from_the_checkpoint_dir(tmp_path):
         assert sorted(p.name for p in ckpt.iterdir()) == ["step-000004", "step-000005"]  # keep=2 rotation
 
 
-def _job_processes(marker: str) -> list[psutil.Process]:
-    procs = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in (p.info["cmdline"] or [])):
-                procs.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return procs
-
-
 def test_terminating_the_run_leaves_no_orphans(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     runs_root = tmp_path / "runs_for_terminate"
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "GC25D_PRESET": "tiny",
-        "GC25D_OVERRIDES": f"paths.runs_root={runs_root};paths.data_root={tmp_path / 'data'}",
-    }
-    cmd = [
-        str(Path(sys.executable).parent / "dagster"),
-        "asset",
-        "materialize",
-        "-m",
-        "gc25d_pipeline.definitions",
-        "--select",
-        "cluster_check",
-        "--config-json",
-        '{"ops": {"cluster_check": {"config": {"steps": 100000, "step_seconds": 0.05}}}}',
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    marker = str(runs_root)
+    proc = start_cluster_check_cli(tmp_path, runs_root)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            ranks = [
-                p for p in _job_processes(marker) if "gc25d_core.jobs.cluster_check" in " ".join(p.cmdline())
-            ]
-            # torchrun itself + 2 ranks, and a first checkpoint proves the ranks are working
-            if len(ranks) >= 3 and list(runs_root.rglob("step-*")):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("the torchrun job did not start within 120 s")
-        pids = [p.pid for p in _job_processes(marker)]
-        os.kill(proc.pid, signal.SIGINT)  # only the run worker: Dagster must stop the ranks itself
-        proc.wait(timeout=90)
-        gone, alive = psutil.wait_procs(
-            [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)], timeout=30
-        )
+        # torchrun itself + 2 ranks
+        wait_for_cluster_check(runs_root, 3, 120, "the torchrun job")
+        alive = interrupt_run_worker(proc, runs_root, timeout_s=30)
         assert not alive, f"orphans left: {[p.cmdline() for p in alive]}"
-        assert _job_processes(marker) == []
+        assert processes_with(str(runs_root)) == []
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for p in _job_processes(marker):
+        for p in processes_with(str(runs_root)):
             p.kill()

@@ -32,8 +32,14 @@ import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
-from gc25d_core.config import Gc25dConfig
-from gc25d_pipeline.lib.launcher import Context, JobLauncher, PreparedLaunch, rank_failure, shell_join
+from gc25d_pipeline.lib.launcher import (
+    Context,
+    JobLauncher,
+    PreparedLaunch,
+    rank_failure,
+    shared_fs_pipes,
+    shell_join,
+)
 
 _NODE = "@JOB_COMPLETION_INDEX@"
 _DNS = re.compile(r"[^a-z0-9-]+")
@@ -160,16 +166,8 @@ class KubernetesLauncher(JobLauncher):
                 "set paths.runs_root on the shared volume"
             )
 
-    def launch(
-        self,
-        context: Context,
-        module: str,
-        cfg: Gc25dConfig,
-        run_dir: Path,
-        args: list[str] | None = None,
-        extras: dict[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
-        from kubernetes import client, config  # only a Kubernetes launch needs the client
+    def before_launch(self, context: Context, run_dir: Path) -> None:
+        from kubernetes import config  # only a Kubernetes launch needs the client
 
         self.check_shared(run_dir)
         if not self.image:
@@ -178,16 +176,16 @@ class KubernetesLauncher(JobLauncher):
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
+
+    def run_job(
+        self, context: Context, module: str, launch: PreparedLaunch, extras: dict[str, Any]
+    ) -> dg.PipesClientCompletedInvocation:
+        from kubernetes import client  # configured by before_launch
+
         core, batch = client.CoreV1Api(), client.BatchV1Api()
-        launch = self.prepare(context, cfg, run_dir, args or [])
         launch.log_dir.mkdir(parents=True, exist_ok=True)
-        name = k8s_name("gc25d", run_dir.parent.name, context.run_id[:8], str(context.retry_number))
-        with dg.open_pipes_session(
-            context=context,
-            context_injector=dg.PipesFileContextInjector(str(launch.context_path)),
-            message_reader=dg.PipesFileMessageReader(str(launch.messages_path)),
-            extras={"run_dir": str(run_dir), **(extras or {})},
-        ) as session:
+        name = k8s_name("gc25d", launch.run_dir.parent.name, context.run_id[:8], str(context.retry_number))
+        with dg.open_pipes_session(context=context, extras=extras, **shared_fs_pipes(launch)) as session:
             env = {**self.job_env(context.retry_number), **session.get_bootstrap_env_vars()}
             service, job = self.render(module, launch, env, name)
             core.create_namespaced_service(self.namespace, service)

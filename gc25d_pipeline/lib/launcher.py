@@ -159,6 +159,15 @@ def shared_fs_bootstrap_env(launch: PreparedLaunch) -> dict[str, str]:
     }
 
 
+def shared_fs_pipes(launch: PreparedLaunch) -> dict[str, Any]:
+    """Pipes' ``context_injector`` and ``message_reader`` over ``launch``'s two files, for
+    ``dg.open_pipes_session`` or a Pipes client."""
+    return {
+        "context_injector": dg.PipesFileContextInjector(str(launch.context_path)),
+        "message_reader": dg.PipesFileMessageReader(str(launch.messages_path)),
+    }
+
+
 class JobLauncher(dg.ConfigurableResource):
     """How heavy assets start their torchrun jobs; subclasses decide where the ranks run."""
 
@@ -180,6 +189,19 @@ class JobLauncher(dg.ConfigurableResource):
         extras: dict[str, Any] | None = None,
     ) -> dg.PipesClientCompletedInvocation:
         """Write the resolved config into ``run_dir``, run the job, fail with the failing rank's error."""
+        self.before_launch(context, run_dir)
+        launch = self.prepare(context, cfg, run_dir, args or [])
+        return self.run_job(context, module, launch, {"run_dir": str(run_dir), **(extras or {})})
+
+    # --- what the subclasses decide --------------------------------------------------------------
+
+    def before_launch(self, context: Context, run_dir: Path) -> None:
+        """Refuse the launch, or clean up after an earlier one, before this attempt writes anything."""
+
+    def run_job(
+        self, context: Context, module: str, launch: PreparedLaunch, extras: dict[str, Any]
+    ) -> dg.PipesClientCompletedInvocation:
+        """Run ``module`` on the prepared files; ``extras`` go to the Pipes session."""
         raise NotImplementedError(f"{type(self).__name__} does not launch jobs")
 
     # --- shared by the subclasses ----------------------------------------------------------------

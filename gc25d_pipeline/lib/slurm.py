@@ -39,8 +39,14 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from gc25d_core.atomic import atomic_write_text
-from gc25d_core.config import Gc25dConfig
-from gc25d_pipeline.lib.launcher import Context, JobLauncher, PreparedLaunch, rank_failure, shell_join
+from gc25d_pipeline.lib.launcher import (
+    Context,
+    JobLauncher,
+    PreparedLaunch,
+    rank_failure,
+    shared_fs_pipes,
+    shell_join,
+)
 
 JOB_RECORD = ".slurm_job"
 ACTIVE_STATES = frozenset(
@@ -231,27 +237,17 @@ class SlurmLauncher(JobLauncher):
             )
             self.cancel(job_id)
 
-    def launch(
-        self,
-        context: Context,
-        module: str,
-        cfg: Gc25dConfig,
-        run_dir: Path,
-        args: list[str] | None = None,
-        extras: dict[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
+    def before_launch(self, context: Context, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._cancel_leftover(context, run_dir)
-        launch = self.prepare(context, cfg, run_dir, args or [])
+
+    def run_job(
+        self, context: Context, module: str, launch: PreparedLaunch, extras: dict[str, Any]
+    ) -> dg.PipesClientCompletedInvocation:
         launch.log_dir.mkdir(parents=True, exist_ok=True)
-        retry = context.retry_number
+        run_dir, retry = launch.run_dir, context.retry_number
         name = f"gc25d-{run_dir.parent.name}-{run_dir.name}"[:100]
-        with dg.open_pipes_session(
-            context=context,
-            context_injector=dg.PipesFileContextInjector(str(launch.context_path)),
-            message_reader=dg.PipesFileMessageReader(str(launch.messages_path)),
-            extras={"run_dir": str(run_dir), **(extras or {})},
-        ) as session:
+        with dg.open_pipes_session(context=context, extras=extras, **shared_fs_pipes(launch)) as session:
             env = {**self.job_env(retry), **session.get_bootstrap_env_vars()}
             script = launch.log_dir / "job.sbatch"
             atomic_write_text(script, self.script(module, launch, env, name))

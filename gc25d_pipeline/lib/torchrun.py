@@ -33,7 +33,6 @@ from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import Field
 
 from gc25d_core.atomic import atomic_write_text
-from gc25d_core.config import Gc25dConfig
 from gc25d_core.lifeline import DIR_ENV, PARENT_ENV, RunFolderBusy, lifeline_dir, reap_and_claim
 from gc25d_pipeline.lib.launcher import (
     Context,
@@ -43,6 +42,7 @@ from gc25d_pipeline.lib.launcher import (
     rank_failure,
     read_rank_errors,
     shared_fs_bootstrap_env,
+    shared_fs_pipes,
     shell_join,
 )
 
@@ -112,21 +112,16 @@ class TorchrunLauncher(JobLauncher):
             DIR_ENV: str(lifeline_dir(run_dir.resolve())),
         }
 
-    def launch(
-        self,
-        context: Context,
-        module: str,
-        cfg: Gc25dConfig,
-        run_dir: Path,
-        args: list[str] | None = None,
-        extras: dict[str, Any] | None = None,
-    ) -> dg.PipesClientCompletedInvocation:
-        """Write the resolved config into ``run_dir`` and run the job; fail with the rank's error."""
+    def before_launch(self, context: Context, run_dir: Path) -> None:
         if self.node_rank != 0:
             raise dg.Failure("TorchrunLauncher must run on node_rank 0 (the other nodes run peer_node.sh)")
         run_dir.mkdir(parents=True, exist_ok=True)
         self._reap_leftovers(context, run_dir)
-        launch = self.prepare(context, cfg, run_dir, args or [])
+
+    def run_job(
+        self, context: Context, module: str, launch: PreparedLaunch, extras: dict[str, Any]
+    ) -> dg.PipesClientCompletedInvocation:
+        """torchrun as a child of this step (node 0), after the peers' script; fail with the rank's error."""
         retry = context.retry_number
         multi = self.nnodes > 1
         # one rendezvous per attempt: a peer of the last attempt can never join this one
@@ -142,20 +137,15 @@ class TorchrunLauncher(JobLauncher):
                 f"node 0 hosts the rendezvous at {self.rdzv_endpoint}; on each other node run: "
                 f"bash {script} NODE_RANK"
             )
-            pipes = {
-                "context_injector": dg.PipesFileContextInjector(str(launch.context_path)),
-                "message_reader": dg.PipesFileMessageReader(str(launch.messages_path)),
-            }
+            pipes = shared_fs_pipes(launch)
         client = dg.PipesSubprocessClient(
-            env={**os.environ, **self.child_env(retry, run_dir)},
+            env={**os.environ, **self.child_env(retry, launch.run_dir)},
             forward_termination=True,
             termination_timeout_seconds=self.termination_timeout_s,
             **pipes,
         )
         try:
-            return client.run(
-                context=context, command=command, extras={"run_dir": str(run_dir), **(extras or {})}
-            )
+            return client.run(context=context, command=command, extras=extras)
         except DagsterPipesExecutionError as e:
             raise rank_failure(context, module, launch.log_dir, f"torchrun failed ({e})") from None
 
