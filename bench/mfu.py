@@ -18,3 +18,13 @@ def dit_flops(
 def mfu(flops: float, seconds: float) -> float:
     """Fraction of the peak that ``flops`` in ``seconds`` is."""
     return flops / seconds / (PEAK_TFLOPS * 1e12)
+
+
+def forward_flops(
+    block_params: int, tokens: int, dim: int, layers: int, text_len: int, attn_pairs: float | None = None
+) -> float:
+    """One forward of ``tokens`` tokens through the blocks, counting ``attn_pairs`` query-key pairs of
+    self-attention (default tokens², unmasked): 2·P·s + 4·L·pairs·d + 4·L·s·T·d. A masked attention
+    counts only the pairs its mask allows (what a block-sparse kernel needs to do)."""
+    pairs = tokens**2 if attn_pairs is None else attn_pairs
+    return 2 * block_params * tokens + 4 * layers * pairs * dim + 4 * layers * tokens * text_len * dim

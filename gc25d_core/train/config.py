@@ -41,10 +41,11 @@ class ModelConfig(Strict):
         default=None, description="recompute only the first N blocks (None: all)"
     )
     compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
-    attn_backend: Literal["sdpa", "fa4"] = Field(
+    attn_backend: Literal["sdpa", "flex", "fa4"] = Field(
         default="sdpa",
-        description="self-attention kernel: PyTorch SDPA, or FlashAttention-4 (GPU sm90+, needs the "
-        "optional flash-attn-4 package; models.fa4)",
+        description="self-attention kernel: PyTorch SDPA; flex (compiled flex attention with a block "
+        "mask for the causal masks: fully masked tiles skipped; unmasked attention stays on SDPA); or "
+        "FlashAttention-4 (GPU sm90+, needs the optional flash-attn-4 package; models.fa4)",
     )
 
     @model_validator(mode="after")

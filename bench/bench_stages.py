@@ -1,0 +1,499 @@
+"""Stages 1–3 (and the SFT beside them) on one GPU through the real entry points (issues 17, 18, 19).
+
+Builds the synthetic v10-shaped world of bench_sft_h200.py (tests/train/world.py, with the rollout
+extensions stage 3 needs), random causal exports where a stage needs one (stage 2: the full 5B;
+stage 3: full width at ``--s3-blocks`` of the 30 blocks), then for each run of ``--runs``
+
+    torchrun --nproc_per_node=N bench/stage_timer.py <stage> --config <run>.yaml --run-dir <dir> --fresh
+
+(bench/stage_timer.py = the job ``python -m gc25d_core.jobs.<stage>`` with each step's phases timed).
+Runs (the stage's v10 preset plus short-run cadences, random weights):
+
+    sft        the SFT, v10 preset with 10 of 30 blocks recomputed (bench_sft_h200.py's v10_1gpu)
+    s1         stage 1 (teacher forcing, [clean | noisy] = 2 x 21 cells, full causal), SDPA + dense mask
+    s1_flex    the same with ``attn_backend: flex`` (compiled flex attention, block-sparse mask)
+    s2         stage 2 (teacher fwd, EMA-target fwd, student fwd + bwd; ZeRO-2), SDPA
+    s2_flex    the same with flex
+    s3         stage 3 (DMD: critic updates on no-grad rollouts, generator update; FSDP) at
+               ``--s3-blocks`` blocks, ``time_phases: true``
+
+``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none.
+
+MFU (bench/mfu.py: 989 TFLOP/s, DiT-block FLOPs 2·P·s + 4·L·pairs·d + 4·L·s·512·d per forward,
+×3 with backward; recomputation not counted): ``pairs`` = the query-key pairs the mask allows
+(teacher forcing: the block-causal [clean | noisy] mask; stage 3's KV-cache forwards: the cell
+against the cells it sees); ``mfu_dense`` counts every pair of the sequence (what SDPA with a dense
+mask computes). Stage 2 counts the teacher and target forwards each step made, stage 3 every rollout
+forward (the draws of the step), the critic and real scores, and the backward of the exit forwards
+that hold the graph.
+
+Usage: python3 bench/bench_stages.py --root /tmp/stb --runs s1,s1_flex,sft,s2 --steps 7 --warm 2
+       python3 bench/bench_stages.py --tiny --runs sft,s1,s1_flex,s2,s3 --steps 3 --warm 1   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from launch import bench_env  # noqa: E402
+from mfu import PEAK_TFLOPS, forward_flops, mfu  # noqa: E402
+
+TEXT_LEN = 512
+PROFILED_STEPS = 2
+STAGE_OF = {"sft": "sft", "s1": "stage1_tf", "s2": "stage2_cd", "s3": "stage3_dmd"}
+CKPT_1GPU = 10  # SFT: of the 30 blocks (bench_sft_h200.py's v10_1gpu)
+
+
+def emit(**kw: Any) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def short_run(steps: int) -> dict[str, Any]:
+    """Cadences of a bench run: no exports or states, one small validation at the end (the loop
+    always validates the last step)."""
+    return {
+        "max_steps": steps,
+        "save_every": 10**6,
+        "state_every": 10**6,
+        "export_final": False,
+        "state_final": False,
+        "log_every": 1,
+        "val": {"every": 10**6, "num_clips": 1, "timesteps": [500.0], "at_start": False},
+    }
+
+
+def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: int) -> dict[str, Any]:
+    from gc25d_core.config import deep_merge
+
+    base, *mods = name.split("+")
+    kind, _, backend = base.partition("_")
+    if kind not in STAGE_OF or backend not in ("", "flex"):
+        raise SystemExit(f"unknown run {name!r}: sft, s1, s1_flex, s2, s2_flex, s3 (+ckptN, +nockpt)")
+    out: dict[str, Any] = {"model": {}}
+    if kind == "sft":
+        out["model"] = {"init": "random"}
+        if not tiny:
+            out["model"].update(gradient_checkpointing=True, checkpoint_blocks=CKPT_1GPU)
+    elif kind == "s1":
+        out["model"] = {"init": "random"}
+    elif kind == "s2":
+        out["model"] = {"init": "export", "export_path": str(exports["s2"])}
+    else:
+        layers = {"overrides": {"num_layers": s3_blocks}}
+        out["model"] = deep_merge({"init": "export", "export_path": str(exports["s3"])}, layers)
+        out["real"] = deep_merge({"init": "random"}, layers)
+        out["time_phases"] = True
+    if backend:
+        out["model"]["attn_backend"] = backend
+    for m in mods:
+        if m == "nockpt":
+            out["model"]["gradient_checkpointing"] = False
+        elif m.startswith("ckpt") and m[4:].isdigit():
+            out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
+        else:
+            raise SystemExit(f"unknown modifier +{m} in {name!r}")
+    return out
+
+
+def run_config(
+    cfg, name: str, steps: int, tiny: bool, exports: dict[str, Path], s3_blocks: int, profile: bool
+):
+    from gc25d_core.config import deep_merge
+    from gc25d_core.train.presets import with_stage
+
+    stage = STAGE_OF[name.split("+")[0].partition("_")[0]]
+    over = deep_merge(short_run(steps), run_overrides(name, tiny, exports, s3_blocks))
+    if profile:
+        over = deep_merge(
+            over,
+            {"max_steps": steps + PROFILED_STEPS, "profile": {"start": steps + 1, "steps": PROFILED_STEPS}},
+        )
+    if tiny and stage == "stage3_dmd":
+        over = deep_merge(over, {"critic_steps": 2})
+    return stage, with_stage(cfg, stage, "tiny" if tiny else "v10", over)
+
+
+# ------------------------------------------------------------------------------------------ world
+
+
+def build_world(root: Path, tiny: bool, starts: int):
+    from tests.train.world import sft_world
+
+    if (root / "world.json").is_file():  # built earlier in this lease (same folder)
+        from gc25d_core.config import config_from_yaml
+
+        emit(probe="world", reused=True, root=str(root))
+        return config_from_yaml(root / "world.yaml")
+    overrides: dict[str, Any] = {} if tiny else {"text": {"table_path": None}, "index": {"drop_lists": []}}
+    t0 = time.perf_counter()
+    cfg = sft_world(
+        root,
+        short_run(4),
+        preset="tiny" if tiny else "v10",
+        starts=tuple(96 * i for i in range(starts)),
+        overrides=overrides,
+        ext=True,  # stage 3's rollouts read the extension's ids and prompts
+    )
+    from gc25d_core.config import write_resolved
+
+    write_resolved(cfg, root, "world.yaml")
+    (root / "world.json").write_text(json.dumps({"starts": starts}))
+    emit(probe="world", s=time.perf_counter() - t0, root=str(root), clips=5 * starts)
+    return cfg
+
+
+def dit_of(cfg, tiny: bool, layers: int | None = None):
+    from gc25d_core.models.configs import full_config, tiny_config
+
+    make = tiny_config if tiny else full_config
+    return make(vocab=cfg.vocab, **({} if layers is None else {"num_layers": layers}))
+
+
+def export_specs(names: list[str], tiny: bool, s3_blocks: int) -> dict[str, tuple[str, int | None]]:
+    """run kind -> (export name, layers) of the exports the runs need."""
+    kinds = {n.split("+")[0].partition("_")[0] for n in names}
+    specs: dict[str, tuple[str, int | None]] = {}
+    if "s2" in kinds:
+        specs["s2"] = ("s2_full", None)
+    if "s3" in kinds:
+        specs["s3"] = (f"s3_{s3_blocks}blocks", s3_blocks)
+    return specs
+
+
+def export_path(root: Path, name: str) -> Path:
+    return root / "exports" / f"{name}.safetensors"
+
+
+def make_export(root: Path, name: str, dit) -> Path:
+    """A seeded random causal export (deploy attention and axis), built on the GPU where there is one."""
+    import torch
+
+    from gc25d_core.flow import DEPLOY_AXIS
+    from gc25d_core.models.configs import DEPLOY_CAUSAL, build_gcdit
+    from gc25d_core.models.export import save_export
+
+    path = export_path(root, name)
+    if path.is_file():
+        return path
+    t0 = time.perf_counter()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = build_gcdit(dit, device=dev, dtype=torch.bfloat16 if dev == "cuda" else None)
+    save_export(path, model, data="codeworld", causal=DEPLOY_CAUSAL, denoise_axis=DEPLOY_AXIS.timesteps)
+    del model
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    emit(
+        probe="export",
+        name=name,
+        s=time.perf_counter() - t0,
+        layers=dit.num_layers,
+        gib=path.stat().st_size / 2**30,
+    )
+    return path
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+
+
+class Flops:
+    """DiT-block FLOPs of one run's model (meta build: parameter count under ``blocks.``)."""
+
+    def __init__(self, dit, shapes, deploy, tf_causal):
+        import torch
+
+        from gc25d_core.models.causal import group_mask
+        from gc25d_core.models.configs import CausalConfig, build_gcdit
+
+        model = build_gcdit(dit, device=torch.device("meta"))
+        self.p_blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks."))
+        self.p_total = sum(p.numel() for p in model.parameters())
+        self.dim, self.layers = dit.dim, dit.num_layers
+        _, cells, h, w = shapes.latent
+        self.cells, self.tpc = cells, (h // 2) * (w // 2)
+        self.tf_groups = int(group_mask(cells, tf_causal, teacher_forcing=True).sum())
+        self.deploy = CausalConfig(sink=deploy.sink, window=deploy.window, rope_cap=deploy.rope_cap)
+
+    def fwd(self, tokens: int, pairs: float | None = None) -> float:
+        return forward_flops(self.p_blocks, tokens, self.dim, self.layers, TEXT_LEN, pairs)
+
+    # one clip of ``cells`` cells, bidirectional (SFT, the stage-3 scores)
+    def full(self, cells: int | None = None) -> float:
+        return self.fwd((cells or self.cells) * self.tpc)
+
+    # teacher forcing over [clean | noisy]: allowed pairs, and every pair (dense mask)
+    def tf(self, dense: bool = False) -> float:
+        s = 2 * self.cells * self.tpc
+        return self.fwd(s, None if dense else self.tf_groups * self.tpc**2)
+
+    def kv(self, q_cell: int) -> float:
+        """A KV-cache forward of cell ``q_cell`` (one cell's tokens against the cells it sees + itself)."""
+        import torch
+
+        from gc25d_core.models.causal import visible
+
+        seen = int(visible(q_cell, torch.arange(q_cell), self.deploy).sum()) if q_cell else 0
+        return self.fwd(self.tpc, self.tpc**2 * (seen + 1))
+
+    def rollout(self, cells: int, exit_step: int, horizon: int, grad: bool) -> float:
+        """Forward FLOPs of a rollout (prefill, exit_step + 1 denoise forwards + a commit per cell),
+        plus the backward (2x) of the exit forwards of the last ``horizon`` cells when ``grad``."""
+        f = self.kv(0)
+        for q in range(1, cells):
+            f += (exit_step + 2) * self.kv(q)
+            if grad and q >= cells - horizon:
+                f += 2 * self.kv(q)
+        return f
+
+
+def launch(nproc: int, args: list[str], log: Path, env: dict[str, str], timeout: int) -> tuple[int, float]:
+    """bench/launch.py's torchrun with a time limit: past it the launch's process group is ended
+    (rc 124), so one stuck run leaves the others their time."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = 124
+    return rc, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+def med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: Flops, sec) -> dict[str, Any]:
+    mpath, ppath = run_dir / "metrics.jsonl", run_dir / "phases.jsonl"
+    metrics = [json.loads(x) for x in mpath.read_text().splitlines()] if mpath.is_file() else []
+    phases = [json.loads(x) for x in ppath.read_text().splitlines()] if ppath.is_file() else []
+    metrics = [r for r in metrics if r["step"] <= steps]
+    phases = [r for r in phases if r["step"] <= steps]
+    steady_m, steady_p = metrics[warm:], phases[warm:]
+    out: dict[str, Any] = {
+        "steps_measured": len(steady_m),
+        "step_s": [round(r["step_s"], 4) for r in metrics],
+        "peak_mem_gib": max((r.get("peak_mem_gib", 0.0) for r in metrics), default=None),
+        "mem_start_gib": [round(r["mem_start_gib"], 2) for r in phases],
+    }
+    if not steady_m:
+        return out
+    step_med = med([r["step_s"] for r in steady_m])
+    out["step_s_median"] = step_med
+    out["step_s_min"] = min(r["step_s"] for r in steady_m)
+    # in-epoch: leave out the steps whose data loader restarted (this small cache's epochs)
+    in_epoch = [
+        r["step_s"]
+        for p, r in zip(metrics[warm - 1 : -1], steady_m, strict=False)
+        if p.get("epoch") == r.get("epoch")
+    ]
+    if warm > 0 and in_epoch and len(in_epoch) < len(steady_m):
+        out["step_s_median_in_epoch"] = med(in_epoch)
+    keys = sorted({k for r in steady_p for k in r["s"]})
+    out["phase_s_median"] = {k: med([r["s"].get(k, 0.0) for r in steady_p]) for k in keys}
+    out["phase_n"] = {k: [r["n"].get(k, 0) for r in steady_p] for k in keys}
+    ga = sec.grad_accum * sec.micro_batch
+    if stage == "sft":
+        per_step = [3 * fl.full() * ga for _ in steady_p]
+    elif stage == "stage1_tf":
+        per_step = [3 * fl.tf() for _ in steady_p]
+        out["mfu_dense_median"] = mfu(3 * fl.tf(dense=True), step_med)
+    elif stage == "stage2_cd":
+        per_step = [(3 + r["n"].get("teacher_fwd", 0) + r["n"].get("ema_fwd", 0)) * fl.tf() for r in steady_p]
+        p = out["phase_s_median"]
+        split = []
+        for r in steady_p:
+            s = r["s"]
+            fwd_other = s.get("teacher_fwd", 0.0) + s.get("ema_fwd", 0.0)
+            split.append((s["micro_loss"] - fwd_other, r["step_s"] - s["micro_loss"]))
+        out["student_fwd_s_median"] = med([a for a, _ in split])
+        out["student_bwd_opt_s_median"] = med([b for _, b in split])
+        out["teacher_fwd_s_per_call"] = p.get("teacher_fwd", 0.0) / max(
+            1, med(out["phase_n"].get("teacher_fwd", [1]))
+        )
+        ema_calls = [(r["s"].get("ema_fwd", 0.0), r["n"].get("ema_fwd", 0)) for r in steady_p]
+        with_ema = [s for s, n in ema_calls if n]
+        out["ema_fwd_s_per_call"] = med(with_ema)
+        out["steps_with_ema_fwd"] = sum(1 for _, n in ema_calls if n)
+        out["mfu_dense_median"] = mfu(
+            statistics.median(
+                [
+                    (3 + r["n"].get("teacher_fwd", 0) + r["n"].get("ema_fwd", 0)) * fl.tf(dense=True)
+                    for r in steady_p
+                ]
+            ),
+            step_med,
+        )
+    else:  # stage 3
+        k = sec.grad_horizon
+        scored = 1 + k  # the scored clip: the anchor + the last K cells
+        per_step, roll_f, roll_s = [], [], []
+        for r in steady_p:
+            draws = r["draws"]
+            f_roll = sum(fl.rollout(c, e, k, grad=False) for c, e in draws[:-1])
+            f_roll_g = fl.rollout(*draws[-1], k, grad=True)
+            f_scores = len(draws[:-1]) * 3 * fl.full(scored) + 2 * fl.full(scored)
+            per_step.append(f_roll + f_roll_g + f_scores)
+            roll_f.append(f_roll + sum(fl.rollout(c, e, k, grad=False) for c, e in draws[-1:]))
+            roll_s.append(r["s"].get("rollout_nograd", 0.0) + r["s"].get("rollout_grad", 0.0))
+        s = [r["s"] for r in steady_p]
+        out["rollout_s_median"] = med(roll_s)
+        out["rollout_forward_mfu_median"] = med(
+            [mfu(f, t) for f, t in zip(roll_f, roll_s, strict=True) if t > 0]
+        )
+        out["critic_updates_s_median"] = med([x.get("critic_step", 0.0) for x in s])
+        out["critic_updates_ex_rollout_s_median"] = med(
+            [x.get("critic_step", 0.0) - x.get("rollout_nograd", 0.0) for x in s]
+        )
+        out["generator_update_s_median"] = med([x.get("generator_step", 0.0) for x in s])
+        out["generator_update_ex_rollout_s_median"] = med(
+            [x.get("generator_step", 0.0) - x.get("rollout_grad", 0.0) for x in s]
+        )
+        out["critic_s_median_stage"] = med([r.get("critic_s", 0.0) for r in steady_m])
+        out["generator_s_median_stage"] = med([r.get("generator_s", 0.0) for r in steady_m])
+        out["draws"] = [r["draws"] for r in steady_p]
+    flops_med = statistics.median(per_step) if per_step else 0.0
+    out["flops_per_step"] = flops_med
+    out["mfu_median"] = mfu(flops_med, step_med)
+    out["mfu_per_step_median"] = med([mfu(f, r["step_s"]) for f, r in zip(per_step, steady_p, strict=True)])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path("/tmp/gc25d_stage_bench"))
+    ap.add_argument("--out", type=Path, default=None, help="logs folder (default <root>/logs)")
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--warm", type=int, default=2, help="steps left out of the steady state")
+    ap.add_argument("--clips-per-run", type=int, default=4, help="world size: 5 runs x this many clips")
+    ap.add_argument("--runs", default="s1,s1_flex,sft,s2")
+    ap.add_argument("--s3-blocks", type=int, default=10, help="stage 3's depth (of the 30 blocks)")
+    ap.add_argument("--s3-steps", type=int, default=None, help="stage 3's steps (default --steps)")
+    ap.add_argument("--timeout", type=int, default=420, help="seconds per run")
+    ap.add_argument("--profile", default="", help="comma list of runs profiled over 2 extra steps")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--exports-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    from gc25d_core.config import write_resolved
+    from gc25d_core.layout import Shapes
+    from gc25d_core.models.configs import FULL_CAUSAL
+    from gc25d_core.train.causal_run import train_causal
+    from gc25d_core.train.config import CausalStageConfig, DeployCausalConfig
+
+    names = [n for n in args.runs.split(",") if n]
+    profiled = {n for n in args.profile.split(",") if n}
+    s3_blocks = min(args.s3_blocks, 2) if args.tiny else args.s3_blocks
+    specs = export_specs(names, args.tiny, s3_blocks)
+    if args.exports_only:  # the subprocess below: the exports, on the GPU, then exit
+        from gc25d_core.config import load_config
+
+        vocab_cfg = load_config("tiny" if args.tiny else "v10")
+        for name, layers in specs.values():
+            make_export(args.root, name, dit_of(vocab_cfg, args.tiny, layers))
+        return
+    for n in names:
+        run_overrides(n, args.tiny, {"s2": Path(), "s3": Path()}, s3_blocks)  # unknown names fail first
+    if not (args.root / "world.json").is_file():
+        shutil.rmtree(args.root, ignore_errors=True)
+    prep = None
+    if any(not export_path(args.root, n).is_file() for n, _ in specs.values()):
+        # the exports (GPU build + a 10 GB write) beside the world (CPU)
+        prep = subprocess.Popen([sys.executable, __file__, "--exports-only", *sys.argv[1:]], cwd=ROOT)
+    cfg = build_world(args.root, args.tiny, args.clips_per_run)
+    if prep is not None and prep.wait() != 0:
+        raise SystemExit("building the exports failed")
+    out = args.out or args.root / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    env = bench_env()
+    shapes = Shapes.of(cfg)
+    summary: dict[str, Any] = {"probe": "summary", "peak_tflops": PEAK_TFLOPS}
+    for name in names:
+        kind = name.split("+")[0].partition("_")[0]
+        exports = {k: export_path(args.root, n) for k, (n, _) in specs.items()}
+        steps = args.s3_steps if (kind == "s3" and args.s3_steps) else args.steps
+        stage, rcfg = run_config(cfg, name, steps, args.tiny, exports, s3_blocks, name in profiled)
+        sec = getattr(rcfg, stage)
+        config = write_resolved(rcfg, args.root, f"{name}.yaml")
+        run_dir = args.root / "runs" / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        log = out / f"{name}.log"
+        rc, wall = launch(
+            args.nproc,
+            [
+                str(ROOT / "bench" / "stage_timer.py"),
+                stage,
+                "--config",
+                str(config),
+                "--run-dir",
+                str(run_dir),
+                "--fresh",
+            ],
+            log,
+            env,
+            args.timeout,
+        )
+        layers = s3_blocks if kind == "s3" else None
+        causal = isinstance(sec, CausalStageConfig)
+        fl = Flops(
+            dit_of(cfg, args.tiny, layers),
+            shapes,
+            sec.deploy if causal else DeployCausalConfig(),
+            train_causal(sec) if causal else FULL_CAUSAL,
+        )
+        res = {
+            "rc": rc,
+            "wall_s": round(wall, 1),
+            "stage": stage,
+            "layers": fl.layers,
+            "block_params": fl.p_blocks,
+            "params": fl.p_total,
+            "checkpointing": [sec.model.gradient_checkpointing, sec.model.checkpoint_blocks],
+            "attn_backend": sec.model.attn_backend,
+            **summarize(name, stage, run_dir, args.warm, steps, fl, sec),
+        }
+        emit(probe="run", run=name, **res)
+        if rc != 0:
+            print("\n".join(log.read_text(errors="replace").splitlines()[-40:]), flush=True)
+        prof = run_dir / "profile"
+        for f in ("ops.txt", "gpu_busy.json"):
+            if (prof / f).is_file():
+                shutil.copy(prof / f, out / f"{name}_{f}")
+        if (prof / "ops.txt").is_file():
+            print("\n".join((prof / "ops.txt").read_text().splitlines()[:24]), flush=True)
+        summary[name] = {k: v for k, v in res.items() if k not in ("draws", "step_s", "phase_n")}
+    emit(**summary)
+
+
+if __name__ == "__main__":
+    main()
