@@ -123,6 +123,21 @@ def _stage2_velocity(cls: type) -> None:
     cls._velocity = _velocity
 
 
+def _device_sums_shim() -> None:
+    """Stage 3's ``train_step`` adds CPU zeros (``torch.zeros(())``) beside the CUDA critic loss to its
+    device sums, which ``torch.stack`` refuses on CUDA (gc25d_core/train/stage3_dmd.py, seen
+    2026-12-01 on an H200): the bench moves each value to the sums' device first. A bench-side
+    stand-in until the stage does it; it changes no value."""
+    from gc25d_core.train.metrics import StepSums
+
+    orig = StepSums.add_device
+
+    def add_device(self: Any, values: Any) -> None:
+        orig(self, [v.to(self.device) for v in values])
+
+    StepSums.add_device = add_device
+
+
 def install(stage: str) -> None:
     if stage == "sft":
         from gc25d_core.train.sft import SftRun as Run
@@ -140,6 +155,7 @@ def install(stage: str) -> None:
     if stage == "stage2_cd":
         _stage2_velocity(Run)
     if stage == "stage3_dmd":
+        _device_sums_shim()
         _timed(Run, "rollout", lambda self, *a, grad=False, **k: "rollout_grad" if grad else "rollout_nograd")
         _timed(Run, "_score", lambda self, net, *a, **k: "real_fwd" if net is self.real else "critic_fwd")
         _timed(Run, "critic_step", "critic_step")
