@@ -49,9 +49,8 @@ class StepSums:
         self.on_host = np.zeros(len(self.host_keys))
 
     def add_device(self, values: Sequence[torch.Tensor]) -> None:
-        self.on_device += torch.stack([v.detach().reshape(()).to(torch.float64) for v in values]).to(
-            self.on_device
-        )
+        """Scalars of any device (a constant zero may live on the host): gathered onto ours."""
+        self.on_device += torch.stack([v.detach().reshape(()).to(self.on_device) for v in values])
 
     def add_host(self, values: Sequence[float]) -> None:
         self.on_host += np.asarray(values, dtype=np.float64)

@@ -17,8 +17,8 @@ from tests.train.world import sft_world, stage1_world, stage2_world, stage3_worl
 
 pytestmark = pytest.mark.slow
 
-STEPS = 12
-SECTION = {"max_steps": STEPS, "state_every": 4, "save_every": 6, "val": {"every": 6, "num_clips": 2}}
+STEPS = 8
+SECTION = {"max_steps": STEPS, "state_every": 3, "save_every": 4, "val": {"every": 4, "num_clips": 2}}
 # (stage, engine): zero2 = accelerate + DeepSpeed ZeRO-2 (the presets' engine), torch = DDP, fsdp = FULL_SHARD
 RUNS = (
     ("sft", "zero2"),
@@ -29,7 +29,7 @@ RUNS = (
     ("stage3_dmd", "fsdp"),
 )
 WORLDS = {"sft": sft_world, "stage1_tf": stage1_world, "stage2_cd": stage2_world, "stage3_dmd": stage3_world}
-# the EMAs start at step 3, so the kill at step 10 (resume from 8) is well past their start
+# the EMAs start at step 3, so the kill at step 7 (resume from 6) is past their start
 EXTRA = {
     "stage2_cd": {"ema": {"start_step": 3}},
     # stage 3: one critic step per generator step and shorter rollouts keep the test short
@@ -44,7 +44,7 @@ LOSS = {"stage3_dmd": "gen_loss"}
 # the distillation stages have one lr for every parameter
 COND_LR = {"sft": 1e-3, "stage1_tf": 1e-4, "stage2_cd": 1e-4, "stage3_dmd": 1e-4}
 # the causal stages 1 and 2 also validate their starting point (val.at_start)
-VAL_STEPS = {"sft": [6, 12], "stage1_tf": [0, 6, 12], "stage2_cd": [0, 6, 12], "stage3_dmd": [6, 12]}
+VAL_STEPS = {"sft": [4, 8], "stage1_tf": [0, 4, 8], "stage2_cd": [0, 4, 8], "stage3_dmd": [4, 8]}
 
 
 def _launch(stage: str, config: Path, run_dir: Path, fault: str | None = None):
@@ -61,7 +61,7 @@ def runs(request, tmp_path_factory):
 
     full = _launch(stage, config, root / "full")
     assert full.returncode == 0, full.stderr[-4000:]
-    killed = _launch(stage, config, root / "resumed", fault="rank=1,step=10,mode=exit")
+    killed = _launch(stage, config, root / "resumed", fault="rank=1,step=7,mode=exit")
     assert killed.returncode != 0
     after_kill = {
         "states": sorted(p.name for p in (root / "resumed" / "state").iterdir()),
@@ -91,8 +91,8 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
         assert len({r["rollout_cells_min"] for r in curve}) > 1  # and drawn anew per step
     assert curve[0]["lr"] < curve[-1]["lr"] == pytest.approx(1e-4)  # warmup then constant
     assert curve[-1]["cond_lr"] == pytest.approx(COND_LR[runs["stage"]])
-    assert sorted(p.name for p in (full / "state").iterdir()) == ["step-000008", "step-000012"]
-    slot = full / "state" / "step-000012"
+    assert sorted(p.name for p in (full / "state").iterdir()) == ["step-000006", "step-000008"]
+    slot = full / "state" / "step-000008"
     assert {"data.json", "trainer.json", "rng-rank0.pt", "rng-rank1.pt", "sha256.json"} <= {
         p.name for p in slot.iterdir()
     }
@@ -111,26 +111,26 @@ def test_trains_and_keeps_exactly_two_state_slots(runs):
     assert all(r["num_clips"] == 2 and "cond_mse_t500" in r and "null_text_mse" in r for r in val)
     done = json.loads((full / "done.json").read_text())
     assert done["final_step"] == STEPS and done["exports"] == [
-        "step-000006.safetensors",
-        "step-000012.safetensors",
+        "step-000004.safetensors",
+        "step-000008.safetensors",
     ]
     handoff = json.loads((full / "final.json").read_text())
     assert handoff["stage"] == runs["stage"] and handoff["step"] == STEPS
-    assert Path(handoff["export"]) == (full / "exports" / "step-000012.safetensors").resolve()
+    assert Path(handoff["export"]) == (full / "exports" / "step-000008.safetensors").resolve()
 
 
 def test_killed_run_resumes_bit_identically(runs):
     full, resumed = runs["full"], runs["resumed"]
-    # the kill hit rank 1 before step 10: states 4 and 8 existed, steps 1..9 had been logged
-    assert runs["after_kill"]["states"] == ["step-000004", "step-000008"]
-    assert runs["after_kill"]["steps"] == list(range(1, 10))
-    assert "resumed from" in runs["resumed_out"] and "step 8" in runs["resumed_out"]
+    # the kill hit rank 1 before step 7: states 3 and 6 existed, steps 1..6 had been logged
+    assert runs["after_kill"]["states"] == ["step-000003", "step-000006"]
+    assert runs["after_kill"]["steps"] == list(range(1, 7))
+    assert "resumed from" in runs["resumed_out"] and "step 6" in runs["resumed_out"]
     a, b = records(full / "metrics.jsonl"), records(resumed / "metrics.jsonl")
-    assert [r["step"] for r in b] == list(range(1, STEPS + 1))  # the redone step 9 logged once
+    assert [r["step"] for r in b] == list(range(1, STEPS + 1))  # the redone step 7 logged once
     assert a == b
     assert records(full / "val.jsonl") == records(resumed / "val.jsonl")
-    assert sorted(p.name for p in (resumed / "state").iterdir()) == ["step-000008", "step-000012"]
-    slot = "state/step-000012"
+    assert sorted(p.name for p in (resumed / "state").iterdir()) == ["step-000006", "step-000008"]
+    slot = "state/step-000008"
     assert assert_same_tensors(full / slot, resumed / slot, "*.pt") > 0  # weights, optimizer, RNG
     # content, not bytes: safetensors writes the metadata map in a per-process hash order
     assert assert_same_tensors(full / "exports", resumed / "exports", "*.safetensors") > 0
@@ -143,11 +143,11 @@ def test_exports_load_with_the_gcdit_loaders(runs):
     from gc25d_core.models.export import read_export
     from gc25d_core.models.loading import load_gc_weights
 
-    path = runs["full"] / "exports" / "step-000012.safetensors"
+    path = runs["full"] / "exports" / "step-000008.safetensors"
     sd, meta = read_export(path)
     assert meta.vocab == "parts" and meta.data == "codeworld"
     assert (meta.causal is not None) == (runs["stage"] != "sft")
-    assert meta.extra["stage"] == runs["stage"] and meta.extra["step"] == "12"
+    assert meta.extra["stage"] == runs["stage"] and meta.extra["step"] == "8"
     assert json.loads(meta.extra["flow"]) == {"template": "Wan", "shift": 5.0, "num_steps": 1000}
     model, _ = load_gc_weights(path)
     assert model.gc_config.dim == 96 and model.gc_config.num_layers == 2
@@ -159,4 +159,4 @@ def test_pick_over_the_run_folder(runs):
     from gc25d_core.train.pick import pick_sft_run
 
     p = pick_sft_run(runs["full"], min_step=1)
-    assert p.step in (6, 12) and p.path is not None and p.path.is_file()
+    assert p.step in (4, 8) and p.path is not None and p.path.is_file()
