@@ -236,10 +236,10 @@ def random_teacher(
     folder = root / stage
     kw: dict[str, Any] = {"causal": DEPLOY_CAUSAL, "denoise_axis": DEPLOY_AXIS.timesteps} if causal else {}
     export = save_export(folder / "step-000001.safetensors", model, data="codeworld", **kw)
-    # a stage with an EMA (stage 2) hands off an ema/ export too: the same weights here
+    # a stage with an EMA (stages 2 and 3) hands off an ema/ export too: the same weights here
     ema = (
         save_export(folder / "ema" / "step-000001.safetensors", model, data="codeworld", **kw)
-        if causal
+        if stage in ("stage2_cd", "stage3_dmd")
         else None
     )
     name = FINAL if causal else TEACHER
