@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gc25d_core.distributed import all_reduce, global_rank, world_size
+from gc25d_core.distributed import all_reduce
 from gc25d_core.flow import DEPLOY_AXIS, FlowSchedule
 from gc25d_core.models.configs import FULL_CAUSAL, CausalConfig
 from gc25d_core.train.config import CausalStageConfig
 from gc25d_core.train.data import generator
 from gc25d_core.train.denoiser import DenoiserRun
 from gc25d_core.train.inputs import draw_noise, to_device
+from gc25d_core.train.validation import lockstep_clips
 
 __all__ = ["CausalRun", "noise_per_cell", "train_causal"]
 
@@ -69,13 +70,11 @@ class CausalRun(DenoiserRun):
     def extra_validation(self, step: int) -> dict[str, float]:
         """Next-cell x0 MSE at causal_val_t given the clean past, and the copy-the-previous-cell one,
         over cells 1..; the clips split over the ranks in lockstep (as the modes are)."""
-        sec, rank, world = self.section, global_rank(), world_size()
+        sec = self.section
         t = float(self.schedule.timestep_at(self.schedule.index_of(sec.causal_val_t)))
         sums = np.zeros(2)
         clips = self.val_clips
-        for k in range(-(-len(clips) // world)):
-            i = rank + k * world
-            clip, weight = clips[i % len(clips)], float(i < len(clips))
+        for clip, weight in lockstep_clips(clips):
             x0 = to_device(clip.latent[None], self.device).float()
             gen = generator(sec.val.seed, "causal_val", clip.sample_id, sec.causal_val_t)
             noise = draw_noise(x0.shape, gen, self.device)

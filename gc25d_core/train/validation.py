@@ -65,6 +65,18 @@ def load_val_clips(
     return clips
 
 
+def lockstep_clips(clips: list[ValClip]) -> list[tuple[ValClip, float]]:
+    """This rank's share of ``clips`` with weight 1, padded so that every rank gets the same count
+    (a sharded model gathers its weights in each forward): a rank past the end repeats a clip with
+    weight 0, whose numbers it drops."""
+    rank, world = global_rank(), world_size()
+    out = []
+    for k in range(-(-len(clips) // world)):
+        i = rank + k * world
+        out.append((clips[i % len(clips)], float(i < len(clips))))
+    return out
+
+
 @torch.no_grad()
 def validate_modes(
     clips: list[ValClip],
@@ -79,12 +91,7 @@ def validate_modes(
 
     ts = [float(schedule.timestep_at(schedule.index_of(t))) for t in val.timesteps]
     sums = np.zeros(len(VAL_MODES) * len(ts) + 1)
-    rank, world = global_rank(), world_size()
-    # every rank makes the same number of forwards (a sharded model gathers its weights in each):
-    # a rank past the end repeats a clip and drops its numbers
-    for k in range(-(-len(clips) // world)):
-        i = rank + k * world
-        clip, weight = clips[i % len(clips)], float(i < len(clips))
+    for clip, weight in lockstep_clips(clips):
         for j, (t_req, t) in enumerate(zip(val.timesteps, ts, strict=True)):
             gen = generator(val.seed, "val", clip.sample_id, t_req)
             x0, x_t, target = ti2v_inputs(schedule, clip.latent[None], t, gen, device)
