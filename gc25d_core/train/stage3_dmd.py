@@ -40,7 +40,7 @@ from gc25d_core.train.config import Stage3Config
 from gc25d_core.train.data import TrainingSample, batch_of, generator
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained
-from gc25d_core.train.inputs import to_device
+from gc25d_core.train.inputs import draw_noise, to_device
 from gc25d_core.train.metrics import StepSums
 from gc25d_core.train.model import build_model, init_export, param_groups
 from gc25d_core.train.state import ResumePoint, Stateful
@@ -187,7 +187,7 @@ class Stage3Run(CausalRun):
         sec = self.section
         t = float(self.schedule.timesteps[int(self.schedule.sample_index(gen)[0])])
         t = min(max(t, sec.t_min), sec.t_max)
-        noise = torch.randn(x.shape, generator=gen).to(self.device)
+        noise = draw_noise(x.shape, gen, self.device)
         sigma = float(self.schedule.sigma(t))
         x_t = (1.0 - sigma) * x + sigma * noise
         x_t[:, :, 0] = x[:, :, 0]  # the anchor: clean, t = 0 (TI2V), ε unused
