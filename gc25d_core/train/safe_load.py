@@ -1,7 +1,7 @@
 """A DeepSpeed checkpoint engine that deserialises state as data only, after a SHA256 check.
 
 DeepSpeed's default engine (``TorchCheckpointEngine``) loads every model and ZeRO optimizer-state
-file with ``torch.load(weights_only=False)``: whoever can write into a run's state folder gets code
+file through torch.load with ``weights_only`` off: whoever can write into a run's state folder gets code
 run at the next resume. ``install_safe_checkpoint_engine`` replaces it on a built DeepSpeed engine
 (``engine.checkpoint_engine``, which ``save_checkpoint``, ``load_checkpoint``, its state-dict
 loader and the ZeRO optimizer-state loader all call) with ``SafeCheckpointEngine``:
