@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from gc25d_core.report import StdoutReporter
 from gc25d_core.train.loop import run_stage
@@ -37,14 +36,6 @@ def _check(run: Path) -> None:
     for got, want in zip(val, GOLDEN["val"], strict=True):
         for key in ("cond_mse", "uncond_mse", "null_text_mse"):
             assert got[key] == pytest.approx(want[key], rel=1e-6), (got["step"], key)
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_torch_engine_in_process_reproduces_the_golden_curve(tmp_path, one_thread):

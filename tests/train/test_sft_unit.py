@@ -184,15 +184,6 @@ def test_ti2v_inputs_and_loss_mask(world):
     assert cell_mse(pred, target).item() == pytest.approx(1 / 20)
 
 
-@pytest.fixture
-def one_thread():
-    """Multi-threaded CPU kernels are not bitwise reproducible run to run (torchrun sets 1 thread)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     sft = {
         "engine": "torch",
