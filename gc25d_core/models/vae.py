@@ -1,7 +1,9 @@
 """The Wan2.2 VAE (DiffSynth ``WanVideoVAE38``): build, verified load, fp32 encode (SPEC §5).
 
 Latents are made with fp32 weights (PyTorch's default TF32 convolutions on GPU), non-tiled, from
-RGB uint8 mapped to [-1, 1]; they are stored bf16 by the caller. ``TinyWanVideoVAE38`` is the same
+RGB uint8 mapped to [-1, 1]; they are stored bf16 by the caller. Decoding goes the other way, for
+whole clips (``decode_video``) or one latent cell at a time (``StreamingDecoder``: the live runtime
+decodes the 4 frames of each new cell, carrying the decoder's causal cache between cells). ``TinyWanVideoVAE38`` is the same
 class with a small random inner model (dim 16) and identity normalisation, for CPU tests: identical
 encode/decode code, 16x spatial and 4x temporal compression, 48 channels.
 """
@@ -23,6 +25,8 @@ from diffsynth.models.wan_video_vae import (  # noqa: E402
     RMS_norm,
     VideoVAE38_,
     WanVideoVAE38,
+    count_conv3d,
+    unpatchify,
 )
 
 VAE38_KEY_HASH = "e1de6c02cdac79f8b739f4d3698cd216"
@@ -182,3 +186,67 @@ def encode_frames(
 ) -> torch.Tensor:
     """RGB uint8 ``[T, H, W, 3]`` -> float32 latent ``[48, T', H/16, W/16]``."""
     return encode_video(vae, frames_to_video(frames_THWC), device)[0]
+
+
+def _denormalise(vae: WanVideoVAE38, z: torch.Tensor) -> torch.Tensor:
+    """Undo the latent normalisation of ``encode``: mu = z * std + mean (per channel)."""
+    mean = vae.mean.to(dtype=z.dtype, device=z.device).view(1, -1, 1, 1, 1)
+    std = vae.std.to(dtype=z.dtype, device=z.device).view(1, -1, 1, 1, 1)
+    return z * std + mean
+
+
+class StreamingDecoder:
+    """Decode a latent clip cell by cell: ``push(z_cell)`` returns that cell's frames (1 for cell 0,
+    4 after). DiffSynth's ``VideoVAE38_.decode`` already walks the cells one by one through the
+    decoder's causal feature cache; here that cache lives in this object rather than in the model, so
+    the cells can arrive over time and several streams can share one VAE. The result equals the
+    whole-clip decode (tests/models/test_vae.py)."""
+
+    def __init__(self, vae: WanVideoVAE38):
+        self.vae = vae
+        self.model = vae.model
+        self._cache: list[torch.Tensor | None] = [None] * count_conv3d(self.model.decoder)
+        self.cells = 0
+
+    @torch.no_grad()
+    def push(self, z_cell: torch.Tensor) -> torch.Tensor:
+        """``[B, 48, 1, h, w]`` (or ``[48, 1, h, w]``) normalised latent -> float32 frames
+        ``[B, 3, T, 16h, 16w]`` in about [-1, 1], T = 1 for the first cell, 4 for later ones."""
+        if z_cell.ndim == 4:
+            z_cell = z_cell.unsqueeze(0)
+        if z_cell.ndim != 5 or z_cell.shape[1] != Z_DIM or z_cell.shape[2] != 1:
+            raise ValueError(f"a latent cell must be [B, {Z_DIM}, 1, h, w], got {tuple(z_cell.shape)}")
+        device = next(self.model.parameters()).device
+        with torch.autocast(device_type=device.type, enabled=False):
+            x = self.model.conv2(_denormalise(self.vae, z_cell.to(device).float()))
+            out, self._cache, _ = self.model.decoder(
+                x, feat_cache=self._cache, feat_idx=[0], first_chunk=self.cells == 0
+            )
+        self.cells += 1
+        return unpatchify(out, patch_size=2).float()
+
+
+@torch.no_grad()
+def decode_video(vae: WanVideoVAE38, z: torch.Tensor) -> torch.Tensor:
+    """Whole-clip fp32 decode: ``[B, 48, T', h, w]`` (or ``[48, T', h, w]``) -> ``[B, 3, 1 + 4(T'-1),
+    16h, 16w]`` in about [-1, 1] (DiffSynth's own ``decode``: the reference the stream must match)."""
+    if z.ndim == 4:
+        z = z.unsqueeze(0)
+    if z.ndim != 5 or z.shape[1] != Z_DIM:
+        raise ValueError(f"latents must be [B, {Z_DIM}, T, h, w], got {tuple(z.shape)}")
+    device = next(vae.model.parameters()).device
+    with torch.autocast(device_type=device.type, enabled=False):
+        return vae.model.decode(z.to(device).float(), vae.scale).float()
+
+
+def video_to_frames(video: torch.Tensor) -> np.ndarray:
+    """float ``[3, T, H, W]`` in [-1, 1] -> RGB uint8 ``[T, H, W, 3]`` (clipped, rounded)."""
+    if video.ndim != 4 or video.shape[0] != 3:
+        raise ValueError(f"video must be [3, T, H, W], got {tuple(video.shape)}")
+    x = (video.detach().float().cpu().clamp(-1, 1) + 1) * 127.5
+    return x.round().to(torch.uint8).permute(1, 2, 3, 0).contiguous().numpy()
+
+
+def decode_frames(vae: WanVideoVAE38, z: torch.Tensor) -> np.ndarray:
+    """One latent clip ``[48, T', h, w]`` -> RGB uint8 ``[1 + 4(T'-1), 16h, 16w, 3]``."""
+    return video_to_frames(decode_video(vae, z)[0])

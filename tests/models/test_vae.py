@@ -132,3 +132,26 @@ def test_encode_on_device_matches_diffsynth_encode_for_a_batch():
         got = encode_on_device(vae, video, "cpu")
     assert got.shape == want.shape == (2, 48, 3, 4, 6)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_streaming_decode_of_21_cells_equals_the_whole_clip_decode():
+    """The live runtime's path: one latent cell at a time through the decoder's causal cache, 1 frame
+    for cell 0 and 4 per later cell, equals DiffSynth's whole-clip decode to fp32 rounding
+    (atol 1e-5 on outputs of about unit size; the same convolutions on the same inputs)."""
+    from gc25d_core.models.vae import StreamingDecoder, decode_frames, decode_video, lean_vae_ops
+
+    torch.manual_seed(0)
+    vae = lean_vae_ops(build_vae(tiny=True))
+    vae.mean, vae.std = torch.randn(48) * 0.1, torch.rand(48) + 0.5  # a non-trivial normalisation
+    vae.scale = [vae.mean, 1.0 / vae.std]
+    z = torch.randn(1, 48, 21, 2, 3)
+    whole = decode_video(vae, z)
+    assert whole.shape == (1, 3, 81, 32, 48)
+    stream = StreamingDecoder(vae)
+    parts = [stream.push(z[:, :, i : i + 1]) for i in range(21)]
+    assert [p.shape[2] for p in parts] == [1] + [4] * 20
+    torch.testing.assert_close(torch.cat(parts, dim=2), whole, rtol=0, atol=1e-5)
+    frames = decode_frames(vae, z[0])
+    assert frames.shape == (81, 32, 48, 3) and frames.dtype == np.uint8
+    with pytest.raises(ValueError, match="latent cell"):
+        stream.push(z[:, :, :2])
