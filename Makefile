@@ -24,19 +24,23 @@ setup:
 
 # Materialize the whole graph that exists so far on the embedded default (tiny preset, CPU):
 # the unpartitioned chain up to a published training-cache snapshot, then that snapshot's partition
-# (deep verification → SFT teacher → §10 pick), which the sensor / an operator would launch.
+# (deep verification → SFT teacher → §10 pick), which the sensor / an operator would launch; then the
+# teacher's validation figures (how far cond is below uncond at t=500 / 800).
 run:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster job execute -m gc25d_pipeline.definitions -j full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select cache_snapshot,sft,sft_teacher --partition $$snap
+	  --select cache_snapshot,sft,sft_teacher --partition $$snap && \
+	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
-# SFT teacher + pick on the newest snapshot only (tiny preset: 40 steps on 2 CPU ranks).
+# SFT teacher + pick on the newest snapshot only (tiny preset: 500 steps on 2 CPU ranks), then its
+# validation figures (cond vs uncond).
 sft:
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select sft,sft_teacher --partition $$snap
+	  --select sft,sft_teacher --partition $$snap && \
+	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
 # The UI (webserver + daemon) on http://127.0.0.1:3000
 dev:

@@ -92,6 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--cond-lr", type=float, default=None)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument(
+        "--dit",
+        type=json.loads,
+        default=None,
+        help='model.overrides as JSON, e.g. {"dim": 192, "num_layers": 4}',
+    )
     ap.add_argument("--world", choices=("codeworld", "codeworld_fitted", "synthetic"), default="codeworld")
     ap.add_argument("--vae-steps", type=int, default=300, help="codeworld_fitted: tiny VAE fit steps")
     ap.add_argument("--run-dir", type=Path, default=None)
@@ -114,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         "val": {"every": args.val_every, "num_clips": args.val_clips},
         "optim": optim,
     }
+    if args.dit:
+        sft["model"] = {"overrides": args.dit}
     args.run_dir = args.run_dir or ROOT / "outputs" / f"learning_signal_{args.world}"
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if args.world == "codeworld":

@@ -152,6 +152,54 @@ class PathsConfig(Strict):
     runs_root: Path = Path("outputs")
 
 
+class TinyVaeFitConfig(Strict):
+    """Fitting the tiny VAE to the raw dataset's train-split frames (the ``tiny_vae`` asset,
+    gc25d_core.models.vae_fit), so that tiny latents keep the picture the ids describe."""
+
+    enabled: bool = Field(
+        default=False,
+        description="the tiny_vae asset fits one and latents use it (with vae.tiny and no vae.path)",
+    )
+    steps: int = Field(default=300, ge=1)
+    batch: int = Field(default=2, ge=1)
+    frames: int = Field(default=5, ge=1, description="frames per training window (1 + 4k)")
+    crop: int | None = Field(
+        default=None,
+        ge=16,
+        description="square random crop of this side (multiple of 16) per window; None = whole frames. "
+        "The VAE is convolutional, so a crop costs less per step and fits the same weights",
+    )
+    lr: float = Field(default=5e-4, gt=0)
+    seed: int = 0
+    threads: int = Field(
+        default=2, ge=1, description="torch CPU threads: fixed, so the fit is the same on any machine"
+    )
+    eval_frames: int = Field(
+        default=17,
+        ge=1,
+        description="frames per clip (1 + 4k) of the reconstruction error in the metadata: the first "
+        "ones of every held-out clip (a whole 81-frame decode per clip would cost more than it tells)",
+    )
+    file: str = Field(
+        default="models/tiny_vae.safetensors",
+        description="under paths.data_root; its SHA256 goes to the record file beside it (.json)",
+    )
+
+    @field_validator("frames", "eval_frames")
+    @classmethod
+    def _one_plus_4k(cls, v: int) -> int:
+        if (v - 1) % 4:
+            raise ValueError(f"frames = {v}: must be 1 + 4k (the VAE's causal cells)")
+        return v
+
+    @field_validator("crop")
+    @classmethod
+    def _multiple_of_16(cls, v: int | None) -> int | None:
+        if v is not None and v % 16:
+            raise ValueError(f"crop = {v}: must be a multiple of 16 (the VAE's spatial stride)")
+        return v
+
+
 class VaeConfig(Strict):
     """The Wan2.2 VAE used by the latents job. Real weights are verified by SHA256 before use."""
 
@@ -159,9 +207,11 @@ class VaeConfig(Strict):
     sha256: str | None = None
     tiny: bool = Field(
         default=False,
-        description="small VAE of the same class (tests, embedded default): random, or the fitted "
-        "one at `path` (models.vae_fit) when path and sha256 are set",
+        description="small VAE of the same class (tests, embedded default): the one at `path` "
+        "(models.vae_fit) when path and sha256 are set, else the tiny_vae asset's fit when "
+        "`fit.enabled`, else random",
     )
+    fit: TinyVaeFitConfig = TinyVaeFitConfig()
     clips_per_batch: int = Field(default=1, ge=1, description="clips encoded together (GPU throughput)")
     num_workers: int = Field(
         default=2, ge=0, description="DataLoader workers that decode and resample frames"

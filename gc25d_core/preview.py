@@ -1,6 +1,16 @@
-"""Small previews for dashboards: colour-coded semantic ids as PNG bytes."""
+"""Small previews for dashboards: colour-coded semantic ids as PNG bytes, and short videos.
+
+Videos are H.264 in MP4 (yuv420p, faststart), which Chromium plays inline, written through the
+ffmpeg binary that the ``imageio-ffmpeg`` wheel ships, so no system ffmpeg is needed; where that
+binary cannot run, an animated GIF (Pillow) is written instead. ``video_info`` decodes a file back.
+"""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -29,7 +39,120 @@ def ids_strip_png(ids_THW: np.ndarray, num: int = 5, max_width: int = 1024) -> b
         strip = cv2.resize(
             strip, (max_width, max(1, int(strip.shape[0] * scale))), interpolation=cv2.INTER_NEAREST
         )
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(strip, cv2.COLOR_RGB2BGR))
+    return png_bytes(strip)
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR))
     if not ok:
         raise RuntimeError("PNG encoding failed")
     return buf.tobytes()
+
+
+def labelled(panel: np.ndarray, label: str) -> np.ndarray:
+    """``[T, H, W, 3]`` with ``label`` drawn in its top-left corner of every frame (a copy)."""
+    out = np.ascontiguousarray(panel).copy()
+    scale = max(out.shape[1] / 160, 0.3)
+    for f in out:
+        cv2.putText(f, label, (3, int(12 * scale) + 1), cv2.FONT_HERSHEY_SIMPLEX, 0.4 * scale, (0, 0, 0), 2)
+        cv2.putText(
+            f, label, (3, int(12 * scale) + 1), cv2.FONT_HERSHEY_SIMPLEX, 0.4 * scale, (255, 255, 255), 1
+        )
+    return out
+
+
+def side_by_side(panels: Sequence[np.ndarray], labels: Sequence[str] = (), scale: int = 2) -> np.ndarray:
+    """RGB uint8 clips ``[T, H, W, 3]`` (the same T and H) next to each other, each upscaled by
+    ``scale`` (nearest: the tiny frames stay crisp) and labelled."""
+    if not panels or len({(p.shape[0], p.shape[1]) for p in panels}) != 1:
+        raise ValueError(f"panels must share T and H, got {[p.shape for p in panels]}")
+    ups = [np.repeat(np.repeat(p, scale, axis=1), scale, axis=2) if scale > 1 else p for p in panels]
+    ups = [labelled(u, lab) for u, lab in zip(ups, list(labels) + [""] * len(ups), strict=False)]
+    return np.concatenate(ups, axis=2)
+
+
+def strip_of(video_THWC: np.ndarray, num: int = 5) -> np.ndarray:
+    """``num`` evenly spaced frames of a clip stacked top to bottom (an image of a video)."""
+    picks = np.linspace(0, video_THWC.shape[0] - 1, num).round().astype(int)
+    return np.concatenate([video_THWC[i] for i in picks], axis=0)
+
+
+def _even(frames: np.ndarray) -> np.ndarray:
+    """yuv420p needs even sides: pad the last row / column by repetition where odd."""
+    h, w = frames.shape[1:3]
+    return np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge") if h % 2 or w % 2 else frames
+
+
+def _ffmpeg() -> str | None:
+    try:
+        import imageio_ffmpeg
+
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception:  # no wheel binary for this platform and none on PATH
+        return None
+
+
+def write_video(path: Path | str, frames_THWC: np.ndarray, fps: float = 16.0) -> Path:
+    """RGB uint8 ``[T, H, W, 3]`` -> ``path`` (written atomically). ``.mp4``: H.264 yuv420p with the
+    index up front (plays while loading); without ffmpeg the same frames go to ``<stem>.gif``.
+    Returns the path written."""
+    from gc25d_core.atomic import atomic_path
+
+    frames = np.asarray(frames_THWC)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+        raise ValueError(f"frames must be uint8 [T, H, W, 3] with T >= 1, got {frames.dtype} {frames.shape}")
+    path = Path(path)
+    if path.suffix == ".mp4" and _ffmpeg() is not None:
+        import imageio_ffmpeg
+
+        frames = _even(frames)
+        h, w = frames.shape[1:3]
+        with atomic_path(path) as tmp:
+            writer = imageio_ffmpeg.write_frames(
+                str(tmp),
+                (w, h),
+                fps=fps,
+                codec="libx264",
+                pix_fmt_out="yuv420p",
+                quality=None,
+                macro_block_size=1,  # sizes are ours to choose: no silent rescale
+                output_params=["-crf", "18", "-preset", "veryfast", "-movflags", "+faststart", "-f", "mp4"],
+            )
+            writer.send(None)
+            for f in frames:
+                writer.send(np.ascontiguousarray(f))
+            writer.close()
+            os.chmod(tmp, 0o644)  # a preview is for anyone who can read the run folder
+        return path
+    from PIL import Image
+
+    gif = path.with_suffix(".gif")
+    images = [Image.fromarray(f) for f in frames]
+    with atomic_path(gif) as tmp:
+        images[0].save(
+            tmp, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0
+        )
+    return gif
+
+
+def video_info(path: Path | str) -> dict[str, Any]:
+    """Decode a written preview back: ``{"frames", "width", "height", "first"}`` (``first``: the
+    first frame, RGB uint8)."""
+    path = Path(path)
+    if path.suffix == ".gif":
+        from PIL import Image, ImageSequence
+
+        with Image.open(path) as im:
+            seq = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(im)]
+        return {"frames": len(seq), "width": seq[0].shape[1], "height": seq[0].shape[0], "first": seq[0]}
+    import imageio_ffmpeg
+
+    gen = imageio_ffmpeg.read_frames(str(path))
+    meta = gen.__next__()
+    w, h = meta["size"]
+    n, first = 0, None
+    for buf in gen:
+        if first is None:
+            first = np.frombuffer(buf, np.uint8).reshape(h, w, 3).copy()
+        n += 1
+    return {"frames": n, "width": w, "height": h, "first": first, "codec": meta.get("codec")}

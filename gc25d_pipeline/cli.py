@@ -2,10 +2,15 @@
 
 ``python -m gc25d_pipeline.cli sync-snapshots``: add a cache_snapshots partition per published
 snapshot (what the sensor does) and print the newest.
+
+``python -m gc25d_pipeline.cli learning-signal [SNAPSHOT]``: the SFT teacher's validation on that
+snapshot (default the newest): cond / uncond / null-text MSE per validation step and t, and how
+far cond is below uncond at the last validation (what ``make run`` prints at its end).
 """
 
 import argparse
 import sys
+from pathlib import Path
 
 import dagster as dg
 
@@ -26,10 +31,56 @@ def sync_snapshots(instance: dg.DagsterInstance) -> list[str]:
     return keys
 
 
+# what the embedded default's teacher must show (issue 16): cond below uncond by these fractions
+TARGETS = {500: 0.10, 800: 0.20}
+
+
+def learning_signal(snapshot: str | None = None) -> int:
+    from gc25d_core.train.previews import gap_table, val_records
+
+    cfg = default_project().config()
+    if snapshot is None:
+        keys = [snapshot_id(v) for v in list_versions(open_cache_store(cfg))]
+        if not keys:
+            print("no snapshot published yet", file=sys.stderr)
+            return 1
+        snapshot = keys[-1]
+    run_dir = Path(cfg.paths.runs_root) / "sft" / snapshot
+    rows = gap_table(val_records(run_dir))
+    if not rows:
+        print(f"{run_dir}: no validation records (val.jsonl) yet", file=sys.stderr)
+        return 1
+    print(f"SFT validation, {run_dir} (mean MSE over the val clips; gap = (uncond - cond) / uncond)")
+    print(f"{'step':>6} {'t':>4} {'cond':>8} {'uncond':>8} {'null txt':>8} {'gap':>7}")
+    for row in rows:
+        for t in (200, 500, 800):
+            if (g := row.get(f"t{t}")) is not None:
+                print(
+                    f"{row['step']:>6} {t:>4} {g['cond']:>8.4f} {g['uncond']:>8.4f} "
+                    f"{g['null_text']:>8.4f} {100 * g['cond_below_uncond']:>6.1f}%"
+                )
+    last = rows[-1]
+    verdicts = []
+    for t, want in TARGETS.items():
+        g = last.get(f"t{t}")
+        if g is None:
+            continue
+        ok = g["cond_below_uncond"] >= want
+        verdicts.append(
+            f"t={t}: cond {100 * g['cond_below_uncond']:.1f}% below uncond "
+            f"(target {100 * want:.0f}%: {'met' if ok else 'NOT met'})"
+        )
+    print(f"last validation (step {last['step']}): " + "; ".join(verdicts))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gc25d_pipeline.cli")
-    ap.add_argument("command", choices=["sync-snapshots"])
-    ap.parse_args(argv)
+    ap.add_argument("command", choices=["sync-snapshots", "learning-signal"])
+    ap.add_argument("snapshot", nargs="?", default=None, help="learning-signal: a snapshot id (vNNNNNN)")
+    args = ap.parse_args(argv)
+    if args.command == "learning-signal":
+        return learning_signal(args.snapshot)
     with dg.DagsterInstance.get() as instance:
         keys = sync_snapshots(instance)
     if not keys:

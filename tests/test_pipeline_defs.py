@@ -17,8 +17,10 @@ def test_definitions_load_and_graph():
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert {"raw_source", "clips_index", "text_table", "cluster_check"} <= keys
     assert dg.AssetKey("raw_source") in graph.get(dg.AssetKey("clips_index")).parent_keys
+    assert dg.AssetKey("tiny_vae") in graph.get(dg.AssetKey("latents")).parent_keys
     job = defs.resolve_job_def("full_chain")
     assert {n.name for n in job.graph.node_defs} >= {
+        "tiny_vae",
         "raw_source",
         "clips_index",
         "text_table",

@@ -18,7 +18,7 @@ from gc25d_core.index import build_and_write, read_index
 from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_latents, read_meta, read_npz
 from gc25d_core.vocab import valid_raw_ids
 from gc25d_pipeline.defs.data.assets import clips_index, raw_source
-from gc25d_pipeline.defs.prep.assets import clip_meta, cond, cond_ext, ext_canvas, latents
+from gc25d_pipeline.defs.prep.assets import clip_meta, cond, cond_ext, ext_canvas, latents, tiny_vae
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject, RawDataset
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
@@ -32,6 +32,7 @@ def _cfg(tmp_path, raw_root):
         {
             "paths": {"data_root": str(tmp_path / "data"), "runs_root": str(tmp_path / "runs")},
             "raw": {"root": str(raw_root)},
+            "vae": {"fit": {"enabled": False}},  # these tests encode with the seeded random tiny VAE
         },
     )
 
@@ -39,16 +40,21 @@ def _cfg(tmp_path, raw_root):
 def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_raw):
     project = Gc25dProject(
         preset="tiny",
+        # a token fit: the test is about the wiring (fit -> record -> latents -> preview), not quality
+        overrides=["vae.fit.steps=2", "vae.fit.batch=1", "vae.fit.crop=32", "vae.fit.eval_frames=5"],
         store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")),
         raw=RawDataset(root=str(tiny_raw.root)),
     )
+    resources = {"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)}
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [raw_source, clips_index, cond, clip_meta, cond_ext, ext_canvas, latents],
+            [raw_source, clips_index, tiny_vae, cond, clip_meta, cond_ext, ext_canvas, latents],
             instance=instance,
-            resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)},
+            resources=resources,
         )
         assert result.success
+        again = dg.materialize([tiny_vae], instance=instance, resources=resources)
+        assert again.success
         mats = {
             e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
             for e in result.all_events
@@ -80,6 +86,14 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
         raw_ext = read_cond_ext(layout.cond_ext(r.clip_id), shapes)
         assert np.array_equal(canvas["blocks"], raw_ext["blocks"])
         assert (canvas["prompts"] == raw_ext["prompts"]).all()
+    fit = mats["tiny_vae"]
+    assert fit["used"].value and not fit["skipped"].value and fit["recon_mse_heldout"].value > 0
+    refit = again.asset_materializations_for_node("tiny_vae")[0].metadata
+    assert refit["skipped"].value and refit["sha256"].value == fit["sha256"].value  # same inputs: kept
+    from gc25d_core.preview import video_info
+
+    video = video_info(mats["latents"]["preview_video"].value)
+    assert (video["frames"], video["width"], video["height"]) == (81, 2 * 2 * 128, 2 * 64)
     assert "latents" in mats, sorted(mats)
     assert mats["latents"]["num_built"].value == len(rows) and mats["latents"]["num_failed"].value == 0
     for r in rows:

@@ -128,16 +128,35 @@ def vae_key_hash(vae: WanVideoVAE38) -> str:
     return hash_state_dict_keys(dict(vae.model.state_dict()))
 
 
+def check_vae_sha256(path: Path, expected: str, field: str = "vae.sha256") -> None:
+    """Refuse weights whose SHA256 is not the configured one; the error names the file and the
+    config field the digest came from (before anything of the file is parsed)."""
+    from gc25d_core.hashing import sha256_file
+    from gc25d_core.models.loading import WeightsError
+
+    if not path.is_file():
+        raise WeightsError(f"VAE weights {path} do not exist ({field} = {expected})")
+    got = sha256_file(path)
+    if got != expected.lower():
+        raise WeightsError(f"VAE weights {path}: sha256 {got} does not match {field} = {expected}")
+
+
 def load_vae(
-    path: Path | str, *, expected_sha256: str, device: Any = "cpu", expected_key_hash: str = VAE38_KEY_HASH
+    path: Path | str,
+    *,
+    expected_sha256: str,
+    device: Any = "cpu",
+    expected_key_hash: str = VAE38_KEY_HASH,
+    field: str = "vae.sha256",
 ) -> WanVideoVAE38:
-    """Wan2.2_VAE.pth (or .safetensors): sha256 check, registry key-hash check, fp32 weights."""
+    """Wan2.2_VAE.pth (or .safetensors): sha256 check (against ``field``), registry key-hash check,
+    fp32 weights."""
     from diffsynth.core.loader.file import hash_state_dict_keys, load_state_dict
 
-    from gc25d_core.models.loading import WeightsError, verify_sha256
+    from gc25d_core.models.loading import WeightsError
 
     path = Path(path)
-    verify_sha256([path], {path.name: expected_sha256})
+    check_vae_sha256(path, expected_sha256, field)
     sd: Mapping[str, torch.Tensor] = load_state_dict(str(path), torch_dtype=torch.float32)
     got = hash_state_dict_keys(dict(sd))
     if got != expected_key_hash:

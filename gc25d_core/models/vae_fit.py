@@ -7,26 +7,49 @@ code-world frames for a few hundred CPU steps (MSE of decode(encode(x)); Adam 5e
 sets the per-channel normalisation from the latents of the frames it saw, like the real VAE's mean /
 std constants. ``save_tiny_vae`` writes safetensors (weights + ``norm.mean`` / ``norm.std``) and
 returns its SHA256; ``load_tiny_vae`` checks that digest before building the model.
+
+``run_fit`` is the ``tiny_vae`` asset's job: the train split's frames in, the weights and a record
+file (``<file>.json``: SHA256, the key of the inputs, the fit's summary) out; a rerun whose inputs
+have the same key keeps the file. ``resolve_vae_file`` is how the latents job (and every preview)
+finds the weights to load: the configured ``vae.path`` first, else the recorded fit.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from gc25d_core.models.vae import TinyWanVideoVAE38, build_vae, frames_to_video
+from gc25d_core.models.loading import WeightsError
+from gc25d_core.models.vae import TinyWanVideoVAE38, build_vae, decode_video, encode_video, frames_to_video
+
+if TYPE_CHECKING:
+    from gc25d_core.config import Gc25dConfig
+    from gc25d_core.report import Reporter
 
 NORM_KEYS = ("norm.mean", "norm.std")
+FIT_FORMAT = "gc25d_tiny_vae38"
+FIT_VERSION = 2  # part of the inputs key: bump it when the fit's code changes what it produces
 
 
-def _window(clips: Sequence[np.ndarray], frames: int, rng: np.random.Generator) -> torch.Tensor:
+def _window(
+    clips: Sequence[np.ndarray], frames: int, crop: int | None, rng: np.random.Generator
+) -> torch.Tensor:
     clip = clips[int(rng.integers(len(clips)))]
     start = int(rng.integers(clip.shape[0] - frames + 1))
-    return frames_to_video(clip[start : start + frames])  # [3, T, H, W] in [-1, 1]
+    x = clip[start : start + frames]
+    if crop is not None:
+        h, w = x.shape[1:3]
+        ch, cw = min(crop, h), min(crop, w)
+        y0, x0 = int(rng.integers(h - ch + 1)), int(rng.integers(w - cw + 1))
+        x = x[:, y0 : y0 + ch, x0 : x0 + cw]
+    return frames_to_video(np.ascontiguousarray(x))  # [3, T, H, W] in [-1, 1]
 
 
 def fit_tiny_vae(
@@ -38,12 +61,19 @@ def fit_tiny_vae(
     lr: float = 5e-4,
     latent_l2: float = 0.0,
     seed: int = 0,
+    crop: int | None = None,
+    norm_frames: int | None = None,
     log: Callable[[int, float], None] | None = None,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
-    VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps)."""
+    VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
+    on random square crops of that side (multiple of 16) instead of whole frames. ``norm_frames``:
+    the normalisation statistics come from the first that many frames of every clip (None: all;
+    encoding whole 81-frame clips costs as much as dozens of fit steps and moves them little)."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
+    if crop is not None and crop % 16:
+        raise ValueError(f"crop = {crop}: must be a multiple of 16")
     torch.manual_seed(seed)
     vae = build_vae(tiny=True)
     model = vae.model.train().requires_grad_(True)
@@ -51,7 +81,7 @@ def fit_tiny_vae(
     rng = np.random.default_rng(seed)
     losses: list[float] = []
     for step in range(steps):
-        x = torch.stack([_window(clips, frames, rng) for _ in range(batch)])
+        x = torch.stack([_window(clips, frames, crop, rng) for _ in range(batch)])
         z = model.encode(x, vae.scale)
         recon = model.decode(z, vae.scale)
         loss = (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
@@ -63,7 +93,9 @@ def fit_tiny_vae(
             log(step + 1, losses[-1])
     model.eval().requires_grad_(False)
     with torch.no_grad():
-        zs = torch.cat([model.encode(frames_to_video(c)[None], vae.scale) for c in clips])  # [N,48,T,h,w]
+        zs = torch.cat(
+            [model.encode(frames_to_video(c[:norm_frames])[None], vae.scale) for c in clips]
+        )  # [N, 48, T, h, w]
     mean = zs.mean(dim=(0, 2, 3, 4))
     std = zs.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
     set_norm(vae, mean, std)
@@ -91,18 +123,21 @@ def save_tiny_vae(vae: TinyWanVideoVAE38, path: Path | str) -> str:
     tensors[NORM_KEYS[0]], tensors[NORM_KEYS[1]] = vae.mean.contiguous(), vae.std.contiguous()
     path = Path(path)
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "gc25d_tiny_vae38", "dim": "16"})
+        save_file(tensors, str(tmp), metadata={"format": FIT_FORMAT, "dim": "16"})
     return sha256_file(path)
 
 
-def load_tiny_vae(path: Path | str, *, expected_sha256: str, device: Any = "cpu") -> TinyWanVideoVAE38:
-    """A fitted tiny VAE, after its SHA256 matches (safetensors only: nothing unverified is parsed)."""
+def load_tiny_vae(
+    path: Path | str, *, expected_sha256: str, device: Any = "cpu", field: str = "vae.sha256"
+) -> TinyWanVideoVAE38:
+    """A fitted tiny VAE, after its SHA256 matches ``field`` (safetensors only: nothing unverified
+    is parsed)."""
     from safetensors.torch import load_file
 
-    from gc25d_core.models.loading import verify_sha256
+    from gc25d_core.models.vae import check_vae_sha256
 
     path = Path(path)
-    verify_sha256([path], {path.name: expected_sha256})
+    check_vae_sha256(path, expected_sha256, field)
     tensors = load_file(str(path))
     missing = [k for k in NORM_KEYS if k not in tensors]
     if missing:
@@ -112,3 +147,159 @@ def load_tiny_vae(path: Path | str, *, expected_sha256: str, device: Any = "cpu"
     vae.model.load_state_dict(tensors, strict=True)
     set_norm(vae, mean, std)
     return vae.to(device).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def recon_mse(vae: TinyWanVideoVAE38, clips: Sequence[np.ndarray]) -> float:
+    """Mean squared error of decode(encode(clip)) in the [-1, 1] pixel range over the given clips
+    (``[T, H, W, 3]`` uint8, T = 1 + 4k; PSNR in dB = 10·log10(4 / mse))."""
+    total, n = 0.0, 0
+    for clip in clips:
+        x = frames_to_video(clip)[None]
+        r = decode_video(vae, encode_video(vae, x))
+        total += float((r.clamp(-1, 1) - x).pow(2).sum())
+        n += x.numel()
+    return total / max(n, 1)
+
+
+# -- the tiny_vae asset's job ---------------------------------------------------------------------
+
+
+def fit_file(cfg: Gc25dConfig) -> Path:
+    return Path(cfg.paths.data_root) / cfg.vae.fit.file
+
+
+def record_file(cfg: Gc25dConfig) -> Path:
+    """The fit's record: ``{"path", "sha256", "inputs_key", ...summary}`` (JSON) beside the weights."""
+    return fit_file(cfg).with_suffix(".json")
+
+
+def read_record(cfg: Gc25dConfig) -> dict[str, Any] | None:
+    path = record_file(cfg)
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except ValueError as e:
+        raise WeightsError(f"{path}: not a tiny VAE record ({e})") from None
+    if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("sha256", "inputs_key")):
+        raise WeightsError(f"{path}: a tiny VAE record needs the fields 'sha256' and 'inputs_key'")
+    return rec
+
+
+def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.ndarray]) -> str:
+    """SHA256 of what the fit depends on: its settings (threads included: they set the reduction
+    order), the clips and their frames' bytes, so an unchanged rerun is recognised and any change
+    refits. Where the file goes is not an input."""
+    h = hashlib.sha256()
+    settings = cfg.vae.fit.model_dump(exclude={"file", "enabled"})
+    head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
+    h.update(json.dumps(head, sort_keys=True).encode())
+    for clip in clips:
+        h.update(np.ascontiguousarray(clip).tobytes())
+    return h.hexdigest()
+
+
+def uses_fitted_vae(cfg: Gc25dConfig) -> bool:
+    """The tiny preset's default: a tiny VAE, no configured weights, the fit enabled."""
+    return cfg.vae.tiny and cfg.vae.path is None and cfg.vae.fit.enabled
+
+
+def resolve_vae_file(cfg: Gc25dConfig) -> tuple[Path, str, str] | None:
+    """(weights, expected SHA256, where the digest comes from) of the VAE the config names, or None
+    for the tiny random one. A configured ``vae.path`` wins; else the tiny_vae asset's record."""
+    if cfg.vae.path is not None:
+        if not cfg.vae.sha256:
+            raise WeightsError(f"vae.path {cfg.vae.path} needs vae.sha256 (the weights are checked)")
+        return Path(cfg.vae.path), cfg.vae.sha256, "vae.sha256"
+    if not uses_fitted_vae(cfg):
+        return None
+    rec = read_record(cfg)
+    if rec is None:
+        raise WeightsError(
+            f"{record_file(cfg)} does not exist: vae.fit.enabled needs the tiny_vae asset "
+            "(materialize tiny_vae first, or set vae.path / vae.sha256)"
+        )
+    return fit_file(cfg), rec["sha256"], f"'sha256' in {record_file(cfg)}"
+
+
+def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
+    """Fit (or keep) the tiny VAE of ``cfg.vae.fit`` on the train split; returns the metadata."""
+    from gc25d_core.hashing import sha256_file
+    from gc25d_core.index import read_index
+    from gc25d_core.layout import Layout
+    from gc25d_core.preprocess.latents import load_clip_frames
+    from gc25d_core.preprocess.tasks import RunCache
+
+    fit = cfg.vae.fit
+    if not uses_fitted_vae(cfg):
+        why = "vae.path is set" if cfg.vae.path is not None else "vae.tiny / vae.fit.enabled is off"
+        rep.log(f"tiny VAE fit skipped: {why}")
+        return {"used": False, "reason": why}
+    rows = sorted(read_index(Layout(Path(cfg.paths.data_root))), key=lambda r: r.clip_id)
+    runs = RunCache(Path(cfg.raw.root))
+    train = [r for r in rows if r.split == "train"]
+    held = [r for r in rows if r.split != "train"]
+    if not train:
+        raise ValueError(f"{cfg.paths.data_root}: the index has no train clips to fit the tiny VAE on")
+    t0 = time.perf_counter()
+    train_frames = [load_clip_frames(runs(r), r.start, cfg) for r in train]
+    key = inputs_key(cfg, [r.clip_id for r in train], train_frames)
+    path, rec = fit_file(cfg), read_record(cfg)
+    if rec is not None and rec["inputs_key"] == key and path.is_file() and sha256_file(path) == rec["sha256"]:
+        rep.log(f"tiny VAE {path} is up to date (same inputs, sha256 {rec['sha256'][:12]}…): kept")
+        return {**rec, "used": True, "skipped": True}
+
+    torch.set_num_threads(fit.threads)  # fixed: the reduction order (and so the weights) stays the same
+    rep.log(
+        f"fitting the tiny VAE on {len(train)} train clips: {fit.steps} steps × {fit.batch} windows of "
+        f"{fit.frames} frames" + (f", {fit.crop}² crops" if fit.crop else "")
+    )
+    t_fit, every = time.perf_counter(), max(fit.steps // 10, 1)
+
+    def log(step: int, loss: float) -> None:
+        rep.metrics(step, vae_fit_loss=loss)
+        if step % every == 0 or step == fit.steps:
+            rate = step / (time.perf_counter() - t_fit)
+            eta = (fit.steps - step) / rate if rate > 0 else float("nan")
+            rep.log(f"tiny VAE step {step}/{fit.steps}: loss {loss:.4f} ({rate:.2f} steps/s, ETA {eta:.0f}s)")
+
+    vae, summary = fit_tiny_vae(
+        train_frames,
+        steps=fit.steps,
+        batch=fit.batch,
+        frames=fit.frames,
+        lr=fit.lr,
+        seed=fit.seed,
+        crop=fit.crop,
+        norm_frames=fit.eval_frames,
+        log=log,
+    )
+    fit_s = time.perf_counter() - t_fit
+    n = fit.eval_frames
+    held_frames = [load_clip_frames(runs(r), r.start, cfg)[:n] for r in held]
+    train_mse = recon_mse(vae, [c[:n] for c in train_frames[:2]])  # beside held-out: over- or underfit?
+    held_mse = recon_mse(vae, held_frames) if held_frames else float("nan")
+    digest = save_tiny_vae(vae, path)
+    rec = {
+        "path": str(path.resolve()),
+        "sha256": digest,
+        "inputs_key": key,
+        "train_clips": len(train),
+        "heldout_clips": len(held),
+        "steps": fit.steps,
+        "loss_first": summary["loss_first"],
+        "loss_last": summary["loss_last"],
+        # the first eval_frames of every clip through encode + decode, pixels in [-1, 1]
+        "recon_eval_frames": n,
+        "recon_mse_train2": train_mse,
+        "recon_mse_heldout": held_mse,
+        "psnr_heldout_db": 10 * float(np.log10(4.0 / held_mse)) if held_frames else float("nan"),
+        "fit_seconds": fit_s,
+        "seconds": time.perf_counter() - t0,
+    }
+    from gc25d_core.atomic import atomic_write_text
+
+    atomic_write_text(record_file(cfg), json.dumps(rec, indent=1))
+    rep.log(f"tiny VAE written to {path} (sha256 {digest[:12]}…), held-out recon MSE {held_mse:.4f}")
+    return {**rec, "used": True, "skipped": False}

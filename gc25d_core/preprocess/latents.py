@@ -68,22 +68,61 @@ def to_channels_last_3d(vae) -> None:
 
 
 def build_vae_for(cfg: Gc25dConfig, device: torch.device):
+    """The VAE ``cfg`` names, its weights checked: ``vae.path`` (real, or a fitted tiny one with
+    ``vae.tiny``), else the tiny_vae asset's fit (tiny preset), else the seeded tiny random one."""
     from gc25d_core.models.vae import build_vae, load_vae
+    from gc25d_core.models.vae_fit import load_tiny_vae, resolve_vae_file
 
-    if cfg.vae.tiny and cfg.vae.path is not None:
-        from gc25d_core.models.vae_fit import load_tiny_vae
-
-        if not cfg.vae.sha256:
-            raise ValueError(f"vae.path {cfg.vae.path} (fitted tiny VAE) needs vae.sha256")
-        vae = load_tiny_vae(cfg.vae.path, expected_sha256=cfg.vae.sha256, device=device)
+    found = resolve_vae_file(cfg)
+    if found is not None and cfg.vae.tiny:
+        path, sha, field = found
+        vae = load_tiny_vae(path, expected_sha256=sha, device=device, field=field)
+    elif found is not None:
+        path, sha, field = found
+        vae = load_vae(path, expected_sha256=sha, device=device, field=field)
     elif cfg.vae.tiny:
         torch.manual_seed(cfg.seed)  # the tiny random VAE must be the same on every rank and rerun
         vae = build_vae(tiny=True, device="cpu").to(device)
-    elif cfg.vae.path is None or not cfg.vae.sha256:
-        raise ValueError("vae.path and vae.sha256 must be set to encode with real weights")
     else:
-        vae = load_vae(cfg.vae.path, expected_sha256=cfg.vae.sha256, device=device)
+        raise ValueError("vae.path and vae.sha256 must be set to encode with real weights")
     return speed_up_vae(vae, cfg, device)
+
+
+def vae_identity(cfg: Gc25dConfig) -> str:
+    """What the latents were made with: the weights' SHA256, or the seed of the tiny random VAE."""
+    from gc25d_core.models.vae_fit import resolve_vae_file
+
+    found = resolve_vae_file(cfg)
+    return f"sha256:{found[1].lower()}" if found is not None else f"tiny-random:seed{cfg.seed}"
+
+
+def latents_vae_marker(cfg: Gc25dConfig) -> Path:
+    return Path(cfg.paths.data_root) / "models" / "latents_vae.json"
+
+
+def drop_latents_of_another_vae(cfg: Gc25dConfig, layout: Layout) -> int:
+    """Rank 0: if the latents on disk were made by another VAE than the one ``cfg`` names now (the
+    random tiny one before the fit, an older fit, other real weights), delete them, so the job
+    re-encodes every clip rather than keep latents of two VAEs; then record the current VAE. A clip
+    written after the record is always of the current VAE, so an interrupted run resumes. Returns
+    how many files were deleted."""
+    import json
+
+    from gc25d_core.atomic import atomic_write_text
+
+    marker, ident = latents_vae_marker(cfg), vae_identity(cfg)
+    try:
+        old = json.loads(marker.read_text()).get("vae") if marker.is_file() else None
+    except ValueError:
+        old = None
+    if old == ident:
+        return 0
+    folder = layout.root / "latents"
+    stale = sorted(folder.glob("*.pt")) if folder.is_dir() else []
+    for p in stale:
+        p.unlink()
+    atomic_write_text(marker, json.dumps({"vae": ident, "previous": old}))
+    return len(stale)
 
 
 def speed_up_vae(vae, cfg: Gc25dConfig, device: torch.device):
@@ -240,3 +279,29 @@ def run_latents(
     else:
         encode = float(sum(b - a for a, b in timings))
     return {"encode_seconds": encode, "first_batch_seconds": first_batch or 0.0}
+
+
+def latents_preview(cfg: Gc25dConfig, out_dir: Path) -> dict[str, Any] | None:
+    """The first clip's latents decoded by the VAE that made them, beside its colour-coded ids:
+    ``out_dir/latents_preview.mp4`` and a 5-frame PNG of it. Only for tiny VAEs (a real Wan2.2
+    decode belongs on the GPU, not in the orchestrator's process); None when there is nothing."""
+    from gc25d_core.index import read_index
+    from gc25d_core.layout import read_cond
+    from gc25d_core.models.vae import decode_frames
+    from gc25d_core.preview import colorize_ids, png_bytes, side_by_side, strip_of, write_video
+
+    if not cfg.vae.tiny:
+        return None
+    layout, shapes = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg)
+    rows = sorted(read_index(layout), key=lambda r: r.clip_id)
+    done = [r for r in rows if layout.latents(r.clip_id).is_file() and layout.cond(r.clip_id).is_file()]
+    if not done:
+        return None
+    row = done[0]
+    vae = build_vae_for(cfg, torch.device("cpu"))
+    decoded = decode_frames(vae, read_latents(layout.latents(row.clip_id), shapes)["latent"].float())
+    panels = side_by_side(
+        [decoded, colorize_ids(read_cond(layout, row.clip_id, shapes))], ["decoded latents", "ids"]
+    )
+    video = write_video(out_dir / "latents_preview.mp4", panels)
+    return {"clip_id": row.clip_id, "video": video, "png": png_bytes(strip_of(panels)), "frames": len(panels)}

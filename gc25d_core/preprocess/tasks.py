@@ -87,10 +87,13 @@ def meta_task(cfg: Gc25dConfig) -> ClipTask:
 def latents_task(cfg: Gc25dConfig) -> ClipTask:
     import torch
 
-    from gc25d_core.distributed import local_rank
-    from gc25d_core.preprocess.latents import latents_done, run_latents
+    from gc25d_core.distributed import barrier, global_rank, local_rank
+    from gc25d_core.preprocess.latents import drop_latents_of_another_vae, latents_done, run_latents
 
     lay, shapes = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg)
+    if global_rank() == 0:  # before any rank decides which clips are done
+        drop_latents_of_another_vae(cfg, lay)
+    barrier()
     device = torch.device("cuda", local_rank()) if cfg.device == "cuda" else torch.device("cpu")
     return ClipTask(
         name="latents",

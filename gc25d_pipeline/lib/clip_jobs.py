@@ -2,6 +2,8 @@
 
 import base64
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -16,10 +18,30 @@ class ClipJobConfig(dg.Config):
 
 
 PreviewFn = Callable[[Gc25dConfig], bytes | None]
+# (config, the asset's run folder) -> {"video": Path, "png": bytes, ...} or None
+MediaFn = Callable[[Gc25dConfig, Path], dict[str, Any] | None]
 
 
 def png_markdown(png: bytes, alt: str) -> dg.MetadataValue:
     return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})")
+
+
+def video_metadata(media: dict[str, Any], key: str, alt: str) -> dict[str, dg.MetadataValue]:
+    """A preview video where a user looks: its path (opens in a browser), an inline player (the UI's
+    markdown may or may not pass the HTML through), and a still of 5 frames that always shows."""
+    out: dict[str, dg.MetadataValue] = {}
+    video = media.get("video")
+    if video is not None:
+        video = Path(video)
+        out[f"{key}_video"] = dg.MetadataValue.path(str(video.resolve()))
+        if video.suffix == ".mp4" and video.stat().st_size <= 4 << 20:
+            b64 = base64.b64encode(video.read_bytes()).decode()
+            out[f"{key}_player"] = dg.MetadataValue.md(
+                f'<video controls loop muted src="data:video/mp4;base64,{b64}"></video>'
+            )
+    if media.get("png") is not None:
+        out[f"{key}_frames"] = png_markdown(media["png"], alt)
+    return out
 
 
 def clip_job_asset(
@@ -29,6 +51,7 @@ def clip_job_asset(
     description: str,
     pool: str = "cpu",
     preview: PreviewFn | None = None,
+    media: MediaFn | None = None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         name=name,
@@ -52,11 +75,14 @@ def clip_job_asset(
             else torchrun
         )
         args = ["--limit", str(config.limit)] if config.limit else []
-        result = launcher.launch(context, module, cfg, project.run_dir(cfg, name, context), args)
+        run_dir = project.run_dir(cfg, name, context)
+        result = launcher.launch(context, module, cfg, run_dir, args)
         mat = result.get_materialize_result()
         metadata = dict(mat.metadata or {})
         if preview is not None and (png := preview(cfg)) is not None:
             metadata["preview"] = png_markdown(png, name)
+        if media is not None and (made := media(cfg, run_dir)) is not None:
+            metadata.update(video_metadata(made, "preview", name))
         return dg.MaterializeResult(metadata=metadata, data_version=mat.data_version)
 
     return _asset

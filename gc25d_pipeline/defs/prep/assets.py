@@ -1,6 +1,9 @@
-"""SPEC §5 processed data: cond, clip_meta, cond_ext, ext_canvas and latents as sharded, resumable torchrun jobs."""
+"""SPEC §5 processed data: cond, clip_meta, cond_ext, ext_canvas and latents as sharded, resumable
+torchrun jobs; and the tiny VAE that the tiny preset's latents are made with."""
 
 from pathlib import Path
+
+import dagster as dg
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.index import read_index
@@ -8,6 +11,8 @@ from gc25d_core.layout import Layout, Shapes, read_cond
 from gc25d_core.preview import ids_strip_png
 from gc25d_pipeline.defs.data.assets import clips_index, raw_source
 from gc25d_pipeline.lib.clip_jobs import clip_job_asset
+from gc25d_pipeline.lib.project import Gc25dProject
+from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
 
 def cond_preview(cfg: Gc25dConfig) -> bytes | None:
@@ -18,6 +23,39 @@ def cond_preview(cfg: Gc25dConfig) -> bytes | None:
     if not done:
         return None
     return ids_strip_png(read_cond(layout, done[0].clip_id, Shapes.of(cfg)))
+
+
+@dg.asset(
+    group_name="prep",
+    deps=[clips_index, raw_source],
+    kinds={"torch", "safetensors"},
+    pool="cpu",
+    retry_policy=dg.RetryPolicy(max_retries=1, delay=5),
+)
+def tiny_vae(
+    context: dg.AssetExecutionContext, project: Gc25dProject, torchrun: TorchrunLauncher
+) -> dg.MaterializeResult:
+    """<data_root>/models/tiny_vae.safetensors (+ .json: SHA256, inputs key, reconstruction error):
+    TinyWanVideoVAE38 fitted to the train split's frames (vae.fit), which the tiny preset's latents
+    use. One process; a rerun with the same inputs keeps the file. Does nothing where vae.path is
+    configured or the fit is off (the v10 preset reads the real Wan2.2 VAE)."""
+    from gc25d_core.models.vae_fit import uses_fitted_vae  # torch + DiffSynth: not at definition load
+
+    cfg = project.config()
+    if not uses_fitted_vae(cfg):  # no process to start (and no multi-node rendezvous to join)
+        why = "vae.path is set" if cfg.vae.path is not None else "vae.tiny / vae.fit.enabled is off"
+        context.log.info(f"tiny VAE not used: {why}")
+        return dg.MaterializeResult(metadata={"used": False, "reason": why})
+    one = torchrun.model_copy(update={"nproc_per_node": 1, "nnodes": 1})
+    result = one.launch(context, "gc25d_core.jobs.tiny_vae", cfg, project.run_dir(cfg, "tiny_vae", context))
+    return result.get_materialize_result()
+
+
+def latents_media(cfg: Gc25dConfig, run_dir: Path) -> dict | None:
+    """The first clip decoded back beside its ids (gc25d_core.preprocess.latents.latents_preview)."""
+    from gc25d_core.preprocess.latents import latents_preview
+
+    return latents_preview(cfg, run_dir)
 
 
 cond = clip_job_asset(
@@ -43,9 +81,12 @@ cond_ext = clip_job_asset(
 latents = clip_job_asset(
     "latents",
     "gc25d_core.jobs.latents",
-    [clips_index, raw_source],
-    "latents/<clip_id>.pt: Wan2.2 VAE bf16 [48,21,H/16,W/16] + prompts, actions_block, ids",
+    [clips_index, raw_source, tiny_vae],
+    "latents/<clip_id>.pt: Wan2.2 VAE bf16 [48,21,H/16,W/16] + prompts, actions_block, ids "
+    "(tiny preset: the fitted tiny VAE of the tiny_vae asset); the preview is the first clip decoded "
+    "back beside its ids",
     pool="gpu",
+    media=latents_media,
 )
 ext_canvas = clip_job_asset(
     "ext_canvas",

@@ -1,0 +1,188 @@
+"""What a training run looks like, for the dashboard: validation curves as a PNG, and a validation
+sample as a video (ground truth | the model's prediction at t=500 | ids), decoded by the VAE.
+
+``sft_preview(run_dir, cfg)`` reads a finished (or running) SFT folder: ``val.jsonl`` and the export
+of the last validation step. The prediction is the validation's own: the same val clip, the same
+noise (seeded by clip and t, gc25d_core.train.validation), cond mode; x̂0 = x_t − σ·v̂ on cells 1..,
+cell 0 is the clean anchor. One process, CPU by default; tiny VAEs only (see latents_preview).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from gc25d_core.config import Gc25dConfig
+
+CURVE_MODES = (("cond", (40, 90, 220)), ("uncond", (220, 60, 40)), ("null_text", (60, 160, 60)))
+
+
+def val_records(run_dir: Path) -> list[dict[str, Any]]:
+    from gc25d_core.train.sft import iter_val_records
+
+    return list(iter_val_records(run_dir)) if (run_dir / "val.jsonl").is_file() else []
+
+
+def curves_png(records: list[dict[str, Any]], timesteps: tuple[int, ...] = (200, 500, 800)) -> bytes:
+    """One panel per t: validation MSE against step for cond / uncond / null text (drawn with
+    OpenCV: no plotting library needed for three lines)."""
+    from gc25d_core.preview import png_bytes
+
+    pw, ph, m = 320, 220, 38
+    img = np.full((ph + 30, pw * len(timesteps), 3), 255, np.uint8)
+    steps = [r["step"] for r in records]
+    for k, t in enumerate(timesteps):
+        x0 = k * pw
+        keys = [f"{mode}_mse_t{t}" for mode, _ in CURVE_MODES]
+        vals = [r[key] for r in records for key in keys if key in r]
+        if not vals or not steps:
+            continue
+        lo, hi = min(vals), max(vals)
+        lo, hi = (lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
+        s0, s1 = min(steps), max(max(steps), min(steps) + 1)
+
+        def xy(
+            step: float, v: float, x0: int = x0, lo: float = lo, hi: float = hi, s0=s0, s1=s1
+        ) -> tuple[int, int]:
+            return (
+                int(x0 + m + (step - s0) / (s1 - s0) * (pw - m - 10)),
+                int(10 + (hi - v) / (hi - lo) * (ph - m - 10)),
+            )
+
+        cv2.rectangle(img, xy(s0, hi), xy(s1, lo), (180, 180, 180), 1)
+        for v in (lo, hi):
+            cv2.putText(
+                img, f"{v:.3f}", (x0 + 1, xy(s0, v)[1] + 4), cv2.FONT_HERSHEY_SIMPLEX, 0.3, (0, 0, 0), 1
+            )
+        cv2.putText(img, f"t={t}", (x0 + m + 4, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
+        cv2.putText(
+            img, f"step {s0}..{s1}", (x0 + m, ph - m + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (0, 0, 0), 1
+        )
+        for (mode, colour), key in zip(CURVE_MODES, keys, strict=True):
+            pts = [xy(r["step"], r[key]) for r in records if key in r]
+            for a, b in zip(pts, pts[1:], strict=False):
+                cv2.line(img, a, b, colour, 2 if mode != "null_text" else 1, cv2.LINE_AA)
+            for p in pts:
+                cv2.circle(img, p, 2, colour, -1)
+    for i, (mode, colour) in enumerate(CURVE_MODES):
+        cv2.line(img, (10 + 130 * i, ph + 15), (40 + 130 * i, ph + 15), colour, 2)
+        cv2.putText(img, mode, (45 + 130 * i, ph + 19), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
+    return png_bytes(img)
+
+
+def gap_table(
+    records: list[dict[str, Any]], timesteps: tuple[int, ...] = (200, 500, 800)
+) -> list[dict[str, Any]]:
+    """Per validation: cond / uncond / null text MSE per t and uncond's excess over cond (relative)."""
+    rows = []
+    for r in records:
+        row: dict[str, Any] = {"step": r["step"]}
+        for t in timesteps:
+            c, u, n = (r.get(f"{mode}_mse_t{t}") for mode in ("cond", "uncond", "null_text"))
+            if c is None or u is None:
+                continue
+            row[f"t{t}"] = {"cond": c, "uncond": u, "null_text": n, "cond_below_uncond": (u - c) / u}
+        rows.append(row)
+    return rows
+
+
+def _export_for(run_dir: Path, step: int) -> tuple[Path, int] | None:
+    """The export of ``step``, or the newest one before it."""
+    from gc25d_core.checkpoint import step_name
+
+    exact = run_dir / "exports" / f"{step_name(step)}.safetensors"
+    if exact.is_file():
+        return exact, step
+    older = sorted(
+        (int(p.stem.split("-")[1]), p)
+        for p in (run_dir / "exports").glob("step-*.safetensors")
+        if p.stem.split("-")[1].isdigit() and int(p.stem.split("-")[1]) <= step
+    )
+    return (older[-1][1], older[-1][0]) if older else None
+
+
+@torch.no_grad()
+def predict_x0(run_dir: Path, cfg: Gc25dConfig, step: int, t_req: float = 500.0) -> dict[str, Any] | None:
+    """The first val clip at ``t_req`` through the export at ``step`` (cond mode, the validation's
+    noise): ``{"clip", "x0", "x0_hat", "step", "mse"}`` (latents float32 [48, 21, h, w])."""
+    from gc25d_core.cache.stores import open_store
+    from gc25d_core.flow import WAN_SCHEDULE as schedule
+    from gc25d_core.models.loading import load_gc_weights
+    from gc25d_core.train.data import TextBank, generator, load_text_table, prompt_keys
+    from gc25d_core.train.inputs import cell_mse, model_kwargs, ti2v_inputs
+    from gc25d_core.train.sft import sft_config
+    from gc25d_core.train.validation import load_val_clips
+
+    sft = sft_config(cfg)
+    found = _export_for(run_dir, step)
+    if found is None:
+        return None
+    export, step = found
+    # the run's resolved config pins its snapshot (the sft asset sets data.manifest_version)
+    clips = load_val_clips(
+        open_store(cfg.cache.store),
+        sft.data.manifest_version,
+        sft.val.model_copy(update={"num_clips": 1}),
+        prompt_keys(cfg),
+        cfg.vocab,
+    )
+    if not clips:
+        return None
+    clip, device = clips[0], torch.device("cpu")
+    model, _ = load_gc_weights(export, device=device, dtype=torch.float32)
+    model.eval()
+    text = TextBank(load_text_table(cfg, sft.data), device)
+    t = float(schedule.timestep_at(schedule.index_of(t_req)))
+    gen = generator(sft.val.seed, "val", clip.sample_id, t_req)
+    x0, x_t, target = ti2v_inputs(schedule, clip.latent[None], t, gen, device)
+    v = model(**model_kwargs(text, x_t, t, [clip.keys], clip.ids[None], dtype=torch.float32, device=device))
+    x0_hat = schedule.x0_from_velocity(x_t, v.float(), t)
+    x0_hat[:, :, 0] = x0[:, :, 0]  # the clean anchor the model was given
+    return {
+        "clip": clip,
+        "x0": x0[0],
+        "x0_hat": x0_hat[0],
+        "step": step,
+        "export": export,
+        "mse": float(cell_mse(v, target)),
+    }
+
+
+def sft_preview(run_dir: Path | str, cfg: Gc25dConfig, t_req: float = 500.0) -> dict[str, Any]:
+    """What the ``sft`` asset shows. Keys (each present when it could be made):
+    ``curves_png`` (bytes), ``gaps`` (gap_table rows), ``sample_video`` (Path, an MP4 in
+    ``run_dir/previews/``), ``sample_png`` (bytes, 5 frames of it), ``sample_step``, ``sample_clip``,
+    ``sample_mse`` (that clip's velocity MSE at t)."""
+    from gc25d_core.models.vae import decode_frames
+    from gc25d_core.preprocess.latents import build_vae_for
+    from gc25d_core.preview import colorize_ids, png_bytes, side_by_side, strip_of, write_video
+
+    run_dir = Path(run_dir)
+    out: dict[str, Any] = {}
+    records = val_records(run_dir)
+    if not records:
+        return out
+    out["curves_png"] = curves_png(records)
+    out["gaps"] = gap_table(records)
+    if not cfg.vae.tiny:
+        return out
+    pred = predict_x0(run_dir, cfg, int(records[-1]["step"]), t_req)
+    if pred is None:
+        return out
+    vae = build_vae_for(cfg, torch.device("cpu"))
+    truth, guess = decode_frames(vae, pred["x0"]), decode_frames(vae, pred["x0_hat"])
+    ids = colorize_ids(pred["clip"].ids.numpy())
+    panels = side_by_side([truth, guess, ids], ["ground truth", f"pred t={int(t_req)}", "ids"])
+    video = write_video(run_dir / "previews" / f"val_sample_step{pred['step']:06d}.mp4", panels)
+    out.update(
+        sample_video=video,
+        sample_png=png_bytes(strip_of(panels)),
+        sample_step=pred["step"],
+        sample_clip=pred["clip"].sample_id,
+        sample_mse=pred["mse"],
+    )
+    return out
