@@ -62,15 +62,38 @@ def init_export(m: ModelConfig) -> tuple[Path, str | None]:
     return m.export_path, m.export_sha256
 
 
+def _load_init_export(m: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """An export init takes the export's architecture: a stage continues the model it starts from,
+    so a teacher trained at other dims than the preset's (``model.overrides`` of its stage) is
+    picked up as it is. The runtime switches in this stage's overrides apply; an architecture
+    field there must agree with the export."""
+    from gc25d_core.models.configs import RUNTIME_FIELDS
+    from gc25d_core.models.gcdit import GcDiT
+    from gc25d_core.models.loading import load_gc_weights
+
+    path, sha = init_export(m)
+    loaded, meta = load_gc_weights(path, device=device, dtype=dtype, expected_sha256=sha)
+    model = cast(GcDiT, loaded)
+    have = meta.dit_config.model_dump()
+    clash = {k: v for k, v in m.overrides.items() if k not in RUNTIME_FIELDS and have.get(k) != v}
+    if clash:
+        detail = ", ".join(f"{k}={v!r} (the export has {have.get(k)!r})" for k, v in clash.items())
+        raise ValueError(f"init export {path}: model.overrides ask {detail}")
+    if "fused_rmsnorm" in m.overrides:
+        model.use_fused_rmsnorm(bool(m.overrides["fused_rmsnorm"]))
+    if "per_cell_time" in m.overrides:
+        model.per_cell_time = bool(m.overrides["per_cell_time"])
+    return model
+
+
 def build_model(cfg: Gc25dConfig, m: ModelConfig, device: torch.device, dtype: torch.dtype):
     """The init: random (seeded, same on every rank), Wan2.2 shards + fresh gc_sem_cond, or an export."""
     from gc25d_core.models.configs import build_gcdit
 
-    dit_cfg = dit_config_of(cfg, m)
     if m.init == "random":
         with torch.random.fork_rng(devices=[]):  # the caller's CPU generator state is kept
             torch.manual_seed(m.init_seed)
-            model = build_gcdit(dit_cfg, device=device, dtype=dtype)
+            model = build_gcdit(dit_config_of(cfg, m), device=device, dtype=dtype)
     elif m.init == "wan":
         from gc25d_core.models.loading import build_gcdit_from_wan, wan_shard_paths
 
@@ -78,18 +101,13 @@ def build_model(cfg: Gc25dConfig, m: ModelConfig, device: torch.device, dtype: t
         model = build_gcdit_from_wan(
             wan_shard_paths(m.wan_dir),
             expected_sha256=m.wan_sha256,
-            cfg=dit_cfg,
+            cfg=dit_config_of(cfg, m),
             device=device,
             dtype=dtype,
             seed=m.init_seed,
         )
     else:
-        from gc25d_core.models.loading import load_gc_weights
-
-        path, sha = init_export(m)
-        model, meta = load_gc_weights(path, device=device, dtype=dtype, expected_sha256=sha)
-        if meta.dit_config.architecture() != dit_cfg.architecture():
-            raise ValueError(f"init export {path} is {meta.dit_config}, the config asks {dit_cfg}")
+        model = _load_init_export(m, device, dtype)
     model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
     model.check_sem_ids = False  # checked on the host: SampleTransform.prepare and load_val_clips
     if m.attn_backend == "fa4":

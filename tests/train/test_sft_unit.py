@@ -339,3 +339,30 @@ def test_data_wait_is_the_time_spent_waiting_for_micro_batches(world, tmp_path, 
     assert len(fast) == len(slow) == 2
     assert all(w >= 0.2 * micro for w in slow), (slow, micro)
     assert all(0 <= w < 0.2 * micro for w in fast), fast
+
+
+def test_an_export_init_takes_the_exports_architecture(tmp_path):
+    """A stage started from a teacher trained at other dims than its preset (the tiny SFT's
+    model.overrides) builds the teacher's model; an architecture override that disagrees fails
+    naming the field, a runtime switch applies."""
+    from gc25d_core.models.configs import build_gcdit, tiny_config
+    from gc25d_core.models.export import export_state_dict, save_export
+    from gc25d_core.train.config import ModelConfig
+    from gc25d_core.train.model import build_model
+
+    wide = tiny_config(dim=64, ffn_dim=128, num_layers=3)
+    torch.manual_seed(0)
+    teacher = build_gcdit(wide)
+    path = save_export(tmp_path / "teacher.safetensors", teacher, dit_config=wide, data="codeworld")
+    cfg = load_config("tiny")
+    m = ModelConfig(preset="tiny", init="export", export_path=path, overrides={"fused_rmsnorm": True})
+    model = build_model(cfg, m, torch.device("cpu"), torch.float32)
+    assert model.gc_config.architecture() == wide.architecture()
+    assert model.gc_config.architecture() != tiny_config().architecture()
+    got, want = export_state_dict(model), export_state_dict(teacher)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert all(n.use_torch_norm for n in model.modules() if hasattr(n, "use_torch_norm"))
+
+    clash = ModelConfig(preset="tiny", init="export", export_path=path, overrides={"num_layers": 2})
+    with pytest.raises(ValueError, match=r"num_layers=2 \(the export has 3\)"):
+        build_model(cfg, clash, torch.device("cpu"), torch.float32)
