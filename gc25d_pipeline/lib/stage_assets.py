@@ -14,7 +14,7 @@ reads the export it names, checking its SHA256. Nothing about the upstream run i
 """
 
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -106,6 +106,11 @@ def handoff_path(
     return path
 
 
+# (the run folder, its resolved config, the run log) -> metadata; must not raise (a preview is
+# decoration: the training result stands without it)
+StagePreviews = Callable[[Path, Gc25dConfig, dg.DagsterLogManager], dict[str, dg.MetadataValue]]
+
+
 def stage_asset(
     name: str,
     stage: str,
@@ -121,6 +126,7 @@ def stage_asset(
     retry_policy: dg.RetryPolicy | None = STAGE_RETRY_POLICY,
     kinds: Sequence[str] = ("torch",),
     group_name: str = "train",
+    previews: StagePreviews | None = None,
 ) -> dg.AssetsDefinition:
     """A training-stage asset ``name`` running core stage ``stage`` (its section of the run config,
     presets in configs/<stage>/) through ``python -m <module>`` (default gc25d_core.jobs.<stage>).
@@ -130,7 +136,8 @@ def stage_asset(
     upstream becomes a dependency. ``real_from`` does the same for the section's ``real`` model (stage
     3's real score and critic init). Definition errors (unknown stage, missing entry module, a
     hand-off name that is not a file name, an upstream without a run folder or on other partitions)
-    raise ValueError when the code location loads."""
+    raise ValueError when the code location loads. ``previews`` adds metadata drawn from the
+    finished run folder (videos, plots) to the launch's summary."""
     check_name(name, "stage asset name")
     if stage not in STAGES:
         raise ValueError(f"stage asset {name}: stage={stage!r} is not a core stage (known: {sorted(STAGES)})")
@@ -203,11 +210,12 @@ def stage_asset(
             ["--fresh"] if config.fresh else []
         )
         mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
-        if not handoffs:
+        if not handoffs and previews is None:
             return mat
-        # the launch's summary, and which hand-off files this run started from
+        # the launch's summary, which hand-off files this run started from, and its previews
         launched = {
             **(mat.metadata or {}),
+            **(previews(run_dir, cfg, context.log) if previews is not None else {}),
             **{
                 "init_handoff" if f == "model" else f"{f}_handoff": dg.MetadataValue.path(str(p))
                 for f, p in handoffs.items()

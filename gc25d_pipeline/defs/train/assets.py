@@ -16,6 +16,7 @@ from gc25d_core.train.pick import PickError, pick_sft_run
 from gc25d_core.train.sft import sft_config
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.previews import sft_preview_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, run_folder_of, stage_asset
 
@@ -24,7 +25,10 @@ sft = stage_asset(
     "sft",
     deps=[cache_snapshot],
     kinds=("torch", "deepspeed"),
-    description="Train (or resume) the bidirectional teacher on this snapshot; progress streams to the run log.",
+    description="Train (or resume) the bidirectional teacher on this snapshot; progress streams to the run log. "
+    "Its metadata shows the validation curves, the cond / uncond gap and a validation sample "
+    "(ground truth | prediction at t=500 | ids) as a video.",
+    previews=sft_preview_metadata,
 )
 
 
