@@ -174,6 +174,9 @@ class TinyVaeFitConfig(Strict):
     threads: int = Field(
         default=2, ge=1, description="torch CPU threads: fixed, so the fit is the same on any machine"
     )
+    device: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="where the fit runs (cuda: the small preset's larger frames)"
+    )
     eval_frames: int = Field(
         default=17,
         ge=1,

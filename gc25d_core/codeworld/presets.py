@@ -13,6 +13,11 @@
 v10_real runs swap their look (set dressing re-scattered) at s+81 of every clip start s, so every
 v10_real extension has a look change; v9 runs keep one look (the style in the run name).
 
+"small" (one GPU, the `small` run preset: a world model that learns in minutes): sixteen runs of
+273 frames (3 clips each, 48 clips) over eight scenes, every camera, v10 and v9 styles, at src
+400×192 → crop [10,390) → 256×128 (latents 16×8 per cell); the val runs are R10_s1512 and
+P9_golden_s2909 (6 clips), as in tiny.
+
 "full" (GPU-scale tests, not CI): 1280×704 v10 geometry, four runs of 81 + 28 = 109 frames (one clip
 each, all with an extension): R10_s1512 (val), R10_s2024, P9_golden_s2909 (val), P9C_golden_s3011;
 the v10_real runs swap their look at frame 81. About 0.5 s per frame per core.
@@ -30,6 +35,9 @@ from gc25d_core.config import GeometryConfig, TimelineConfig
 
 TINY_GEOMETRY = GeometryConfig(
     src_width=200, src_height=96, crop_x0=6, crop_x1=194, dst_width=128, dst_height=64
+)
+SMALL_GEOMETRY = GeometryConfig(
+    src_width=400, src_height=192, crop_x0=10, crop_x1=390, dst_width=256, dst_height=128
 )
 FULL_GEOMETRY = GeometryConfig()
 _TL = TimelineConfig()
@@ -107,6 +115,31 @@ def tiny_runs(seed: int) -> list[RunSpec]:
     ]
 
 
+def small_runs(seed: int) -> list[RunSpec]:
+    n = 273  # clip starts 0, 96, 192: three clips, each with its 28-frame extension but the last
+    v10 = [
+        ("ashen_keep", "R10_s1512", "tp_default"),
+        ("ashen_keep", "R10_s2024", "tp_high"),
+        ("ember_court", "R10_s3036", "ortho_iso"),
+        ("ember_court", "R10_s3140", "tp_default"),
+        ("salt_quarry", "R10_s5210", "tp_wide"),
+        ("salt_quarry", "R10_s5333", "tp_default"),
+        ("iron_docks", "R10_s6102", "tp_high"),
+        ("iron_docks", "R10_s6247", "tp_default"),
+    ]
+    v9 = [
+        _v9("sunken_garden", "P9_golden_s2909", n, seed),
+        _v9("sunken_garden", "P9C_golden_s3011", n, seed, cameras=((0, "tp_default"), (150, "tp_wide"))),
+        _v9("frost_hall", "P9C_snow_s4013", n, seed, respawns=(140,)),
+        _v9("frost_hall", "P9_snow_s4120", n, seed, cameras=((0, "tp_high"),)),
+        _v9("moss_vault", "P9_golden_s7011", n, seed),
+        _v9("moss_vault", "P9C_snow_s7102", n, seed, cameras=((0, "tp_wide"),)),
+        _v9("glass_spire", "P9_golden_s8021", n, seed, cameras=((0, "tp_high"),)),
+        _v9("glass_spire", "P9C_golden_s8140", n, seed, respawns=(120,)),
+    ]
+    return [_v10(scene, run, n, camera, seed) for scene, run, camera in v10] + v9
+
+
 def full_runs(seed: int) -> list[RunSpec]:
     n = _TL.num_frames + _TL.num_ext_frames
     return [
@@ -126,6 +159,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "tiny": Preset("tiny", TINY_GEOMETRY, tiny_runs),
+    "small": Preset("small", SMALL_GEOMETRY, small_runs),
     "full": Preset("full", FULL_GEOMETRY, full_runs),
 }
 

@@ -64,6 +64,7 @@ def fit_tiny_vae(
     crop: int | None = None,
     norm_frames: int | None = None,
     log: Callable[[int, float], None] | None = None,
+    device: str = "cpu",
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
@@ -76,14 +77,15 @@ def fit_tiny_vae(
         raise ValueError(f"crop = {crop}: must be a multiple of 16")
     torch.manual_seed(seed)
     vae = build_vae(tiny=True)
-    model = vae.model.train().requires_grad_(True)
+    model = vae.model.to(device).train().requires_grad_(True)
+    scale = [s.to(device) for s in vae.scale] if isinstance(vae.scale, (list, tuple)) else vae.scale
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     losses: list[float] = []
     for step in range(steps):
-        x = torch.stack([_window(clips, frames, crop, rng) for _ in range(batch)])
-        z = model.encode(x, vae.scale)
-        recon = model.decode(z, vae.scale)
+        x = torch.stack([_window(clips, frames, crop, rng) for _ in range(batch)]).to(device)
+        z = model.encode(x, scale)
+        recon = model.decode(z, scale)
         loss = (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -94,8 +96,9 @@ def fit_tiny_vae(
     model.eval().requires_grad_(False)
     with torch.no_grad():
         zs = torch.cat(
-            [model.encode(frames_to_video(c[:norm_frames])[None], vae.scale) for c in clips]
+            [model.encode(frames_to_video(c[:norm_frames])[None].to(device), scale).cpu() for c in clips]
         )  # [N, 48, T, h, w]
+    model.cpu()
     mean = zs.mean(dim=(0, 2, 3, 4))
     std = zs.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
     set_norm(vae, mean, std)
@@ -274,6 +277,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         crop=fit.crop,
         norm_frames=fit.eval_frames,
         log=log,
+        device=fit.device,
     )
     fit_s = time.perf_counter() - t_fit
     n = fit.eval_frames
