@@ -31,12 +31,8 @@ def sync_snapshots(instance: dg.DagsterInstance) -> list[str]:
     return keys
 
 
-# what the embedded default's teacher must show (issue 16): cond below uncond by these fractions
-TARGETS = {500: 0.10, 800: 0.20}
-
-
 def learning_signal(snapshot: str | None = None) -> int:
-    from gc25d_core.train.previews import gap_table, val_records
+    from gc25d_core.train.previews import learning_signal_report
 
     cfg = default_project().config()
     if snapshot is None:
@@ -46,31 +42,11 @@ def learning_signal(snapshot: str | None = None) -> int:
             return 1
         snapshot = keys[-1]
     run_dir = Path(cfg.paths.runs_root) / "sft" / snapshot
-    rows = gap_table(val_records(run_dir))
-    if not rows:
+    report = learning_signal_report(run_dir)
+    if report is None:
         print(f"{run_dir}: no validation records (val.jsonl) yet", file=sys.stderr)
         return 1
-    print(f"SFT validation, {run_dir} (mean MSE over the val clips; gap = (uncond - cond) / uncond)")
-    print(f"{'step':>6} {'t':>4} {'cond':>8} {'uncond':>8} {'null txt':>8} {'gap':>7}")
-    for row in rows:
-        for t in (200, 500, 800):
-            if (g := row.get(f"t{t}")) is not None:
-                print(
-                    f"{row['step']:>6} {t:>4} {g['cond']:>8.4f} {g['uncond']:>8.4f} "
-                    f"{g['null_text']:>8.4f} {100 * g['cond_below_uncond']:>6.1f}%"
-                )
-    last = rows[-1]
-    verdicts = []
-    for t, want in TARGETS.items():
-        g = last.get(f"t{t}")
-        if g is None:
-            continue
-        ok = g["cond_below_uncond"] >= want
-        verdicts.append(
-            f"t={t}: cond {100 * g['cond_below_uncond']:.1f}% below uncond "
-            f"(target {100 * want:.0f}%: {'met' if ok else 'NOT met'})"
-        )
-    print(f"last validation (step {last['step']}): " + "; ".join(verdicts))
+    print(report)
     return 0
 
 

@@ -90,6 +90,40 @@ def gap_table(
     return rows
 
 
+# what a teacher on the code world must show (issue 16): cond below uncond by these fractions
+GAP_TARGETS = {500: 0.10, 800: 0.20}
+
+
+def learning_signal_report(run_dir: Path, targets: dict[int, float] | None = None) -> str | None:
+    """The run's validations as a table (step × t × cond / uncond / null text, gap = (uncond −
+    cond) / uncond) and whether the last one meets ``targets``; None before the first validation."""
+    targets = GAP_TARGETS if targets is None else targets
+    rows = gap_table(val_records(run_dir))
+    if not rows:
+        return None
+    lines = [
+        f"SFT validation, {run_dir} (mean MSE over the val clips; gap = (uncond - cond) / uncond)",
+        f"{'step':>6} {'t':>4} {'cond':>8} {'uncond':>8} {'null txt':>8} {'gap':>7}",
+    ]
+    for row in rows:
+        for t in (200, 500, 800):
+            if (g := row.get(f"t{t}")) is not None:
+                lines.append(
+                    f"{row['step']:>6} {t:>4} {g['cond']:>8.4f} {g['uncond']:>8.4f} "
+                    f"{g['null_text']:>8.4f} {100 * g['cond_below_uncond']:>6.1f}%"
+                )
+    last, verdicts = rows[-1], []
+    for t, want in targets.items():
+        if (g := last.get(f"t{t}")) is not None:
+            ok = g["cond_below_uncond"] >= want
+            verdicts.append(
+                f"t={t}: cond {100 * g['cond_below_uncond']:.1f}% below uncond "
+                f"(target {100 * want:.0f}%: {'met' if ok else 'NOT met'})"
+            )
+    lines.append(f"last validation (step {last['step']}): " + "; ".join(verdicts))
+    return "\n".join(lines)
+
+
 def _export_for(run_dir: Path, step: int) -> tuple[Path, int] | None:
     """The export of ``step``, or the newest one before it."""
     from gc25d_core.checkpoint import step_name

@@ -1,0 +1,134 @@
+"""The `small` preset end to end on one GPU, without Dagster: does a GcDiT of a few hundred million
+parameters learn to follow the ids within minutes? (issue 16)
+
+Runs the graph's core steps in the graph's order, each through the same core function or torchrun
+entry point its asset calls: code world (`small`: 48 clips at 256×128) → index → text table → cond /
+clip_meta / cond_ext (CPU ranks) → tiny VAE fitted to the train frames (GPU) → latents (GPU) →
+ext_canvas → cache snapshot → SFT (configs/sft/small.yaml, 1 GPU) → the cond / uncond table.
+Prints one JSON line per phase (seconds) and the learning-signal table at the end; rerun skips the
+finished phases as the assets do.
+
+Usage (GPU machine): python bench/small_preset.py --root /tmp/small [--sft-steps 1500] [--cpu-ranks 8]
+Smoke (here, CPU, minutes): python bench/small_preset.py --root /tmp/small --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from launch import bench_env, torchrun  # noqa: E402  (bench/, the script's own folder)
+
+
+def phase(name: str, t0: float, **extra: Any) -> None:
+    print(json.dumps({"phase": name, "s": round(time.perf_counter() - t0, 1), **extra}), flush=True)
+
+
+def launch(module: str, cfg: Any, run_dir: Path, nproc: int, extra: list[str] | None = None) -> None:
+    from gc25d_core.config import write_resolved
+
+    config = write_resolved(cfg, run_dir, "config.yaml")
+    log = run_dir / "torchrun.log"
+    rc, wall = torchrun(
+        nproc, ["-m", module, "--config", str(config), "--run-dir", str(run_dir), *(extra or [])], log, bench_env()
+    )
+    if rc != 0:
+        print(log.read_text()[-6000:], file=sys.stderr)
+        raise SystemExit(f"{module} failed (rc {rc}); log {log}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, required=True, help="data and runs go under it")
+    ap.add_argument("--sft-steps", type=int, default=None, help="default: configs/sft/small.yaml")
+    ap.add_argument("--cpu-ranks", type=int, default=8, help="ranks of the CPU jobs (cond, meta, ...)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
+    args = ap.parse_args(argv)
+
+    from gc25d_core import index as clip_index
+    from gc25d_core import raw_prepare
+    from gc25d_core.cache.from_layout import pack_and_publish
+    from gc25d_core.config import load_config
+    from gc25d_core.text import materialize_table
+    from gc25d_core.train.previews import learning_signal_report
+    from gc25d_core.train.sft import with_sft
+
+    root = args.root.resolve()
+    over: dict[str, Any] = {
+        "paths": {"data_root": str(root / "gc25d"), "runs_root": str(root / "runs")},
+        "raw": {"root": str(root / "raw")},
+        "cache": {"store": str(root / "cache")},
+    }
+    sft: dict[str, Any] = {}
+    if args.smoke:
+        over |= {"device": "cpu", "distributed": {"nproc_per_node": 1, "backend": "gloo"}}
+        # the tiny world (6 runs at 128×64): the plumbing, not the small world's minutes of rendering
+        over["raw"] |= {"codeworld_preset": "tiny"}
+        over["geometry"] = {"src_width": 200, "src_height": 96, "crop_x0": 6, "crop_x1": 194}
+        over["geometry"] |= {"dst_width": 128, "dst_height": 64}
+        over["vae"] = {"fit": {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5}, "num_workers": 0}
+        sft = {
+            "precision": "fp32",
+            "micro_batch": 1,
+            "max_steps": 4,
+            "val": {"every": 2, "num_clips": 2},
+            "data": {"num_workers": 0},
+            "model": {"overrides": {"dim": 64, "ffn_dim": 128, "num_heads": 2, "num_layers": 2}},
+        }
+    if args.sft_steps is not None:
+        sft["max_steps"] = args.sft_steps
+    cfg = with_sft(load_config("small", over), "small", sft)
+    cpu_cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "gloo"})})
+    runs = root / "runs"
+    t_all = time.perf_counter()
+
+    t0 = time.perf_counter()
+    raw_prepare.prepare_raw(cfg, log=lambda m: None)
+    phase("raw_source", t0)
+    t0 = time.perf_counter()
+    phase("clips_index", t0, **clip_index.build_and_write(Path(cfg.raw.root), cfg))
+    t0 = time.perf_counter()
+    materialize_table(cfg)
+    phase("text_table", t0)
+    for module in ("cond", "meta", "cond_ext"):
+        t0 = time.perf_counter()
+        launch(f"gc25d_core.jobs.{module}", cpu_cfg, runs / module, args.cpu_ranks)
+        phase(module, t0)
+    t0 = time.perf_counter()
+    launch("gc25d_core.jobs.tiny_vae", cfg, runs / "tiny_vae", 1)
+    rec = json.loads((Path(cfg.paths.data_root) / "models" / "tiny_vae.json").read_text())
+    phase("tiny_vae", t0, recon_mse_heldout=rec.get("recon_mse_heldout"), psnr_db=rec.get("psnr_heldout_db"))
+    t0 = time.perf_counter()
+    launch("gc25d_core.jobs.latents", cfg, runs / "latents", 1)
+    phase("latents", t0)
+    t0 = time.perf_counter()
+    launch("gc25d_core.jobs.ext_canvas", cpu_cfg, runs / "ext_canvas", args.cpu_ranks)
+    phase("ext_canvas", t0)
+    t0 = time.perf_counter()
+    summary = pack_and_publish(cfg)
+    snapshot = summary.get("snapshot") or summary.get("head")
+    phase("training_cache", t0, snapshot=snapshot)
+    phase("data_total", t_all)
+
+    from gc25d_core.cache.from_layout import open_cache_store
+    from gc25d_core.cache.manifest import snapshot_id
+    from gc25d_core.cache.snapshots import list_versions
+
+    version = list_versions(open_cache_store(cfg))[-1]
+    sft_cfg = with_sft(cfg, "small", {**sft, "data": {**sft.get("data", {}), "manifest_version": version}})
+    run_dir = runs / "sft" / snapshot_id(version)
+    t0 = time.perf_counter()
+    launch("gc25d_core.jobs.sft", sft_cfg, run_dir, cfg.distributed.nproc_per_node)
+    phase("sft", t0, run_dir=str(run_dir))
+    print(learning_signal_report(run_dir) or f"{run_dir}: no validation records")
+
+
+if __name__ == "__main__":
+    main()
