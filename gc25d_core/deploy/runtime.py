@@ -40,6 +40,10 @@ class RuntimeOptions(Strict):
     seed: int = Field(default=0, description="noise seed of the session")
     fold_commit: bool = Field(default=False, description="commit cell k inside cell k+1's first forward")
     compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
+    compile_mode: str | None = Field(
+        default=None,
+        description="torch.compile mode, e.g. reduce-overhead (CUDA graphs of the compiled parts)",
+    )
     fused_rmsnorm: bool = Field(default=False, description="F.rms_norm for the q/k norms (GPU speed)")
     decode_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="VAE decode precision")
     decode_stream: bool = Field(
@@ -173,7 +177,7 @@ class DeployRuntime:
         if opts.fused_rmsnorm:
             model.use_fused_rmsnorm(True)
         if opts.compile:
-            model.enable_compile()
+            model.enable_compile(**({"mode": opts.compile_mode} if opts.compile_mode else {}))
         # one bank of every prompt for the whole session: its text embedding and each block's
         # cross-attention K/V are computed once and shared by every cell (TextContext memo)
         self.keys = sorted(table)
