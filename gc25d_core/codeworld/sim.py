@@ -15,9 +15,9 @@ cut) and looks change (set dressing re-scattered) at the frames the RunSpec list
 from __future__ import annotations
 
 import math
-from functools import partial
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
