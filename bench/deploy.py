@@ -154,6 +154,8 @@ class Bench:
         self.sync()
         out["warm_s"] = time.perf_counter() - t_start
         out["cached_cells"] = len(rt.streamer.cache) if rt.streamer.cache is not None else 0
+        if name in a.profile:
+            out["profile"], cell = self.profile(rt, cell, name, latents)
         deadline = time.perf_counter() + a.max_lever_s
         e2e: list[float] = []
         for _ in range(a.cells):
@@ -218,6 +220,32 @@ class Bench:
             torch.cuda.empty_cache()
         return out
 
+    def profile(
+        self, rt: Any, cell: int, name: str, latents: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], int]:
+        """torch.profiler over ``--profile-cells`` steady-state cells (decode on, no per-forward
+        syncs): the top CUDA kernels by total time, the top CPU self times and how busy the GPU
+        was (kernel time / wall, summed and as the union of kernel intervals)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.sync()
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            for _ in range(self.args.profile_cells):
+                ids, key = self.cell_inputs(cell)
+                o = rt.step(ids, key)
+                for f in o.frames:
+                    assert f.dtype == np.uint8
+                latents.append(o.latent)
+                cell += 1
+            frames = rt.flush()  # a side-stream decode still in flight belongs to these cells
+            del frames
+            self.sync()
+            wall_us = (time.perf_counter() - t0) * 1e6
+        latents[-self.args.profile_cells :] = [x.float().cpu() for x in latents[-self.args.profile_cells :]]
+        return profile_summary(prof, wall_us, name, self.args.profile_cells), cell
+
     def world(self) -> dict[str, Any]:
         """The code world's CPU cost per cell at the benchmark's geometry (one core, numpy)."""
         from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
@@ -236,6 +264,60 @@ class Bench:
         return {"geometry": [geo.dst_width, geo.dst_height], "reset_s": reset_s, "s_per_cell": stats(times)}
 
 
+def _device_kernels(prof: Any) -> list[Any]:
+    from torch.autograd import DeviceType
+
+    return [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
+
+
+def profile_summary(prof: Any, wall_us: float, name: str, cells: int) -> dict[str, Any]:
+    """Kernel / CPU tables of a torch.profiler run, printed to stderr and returned (ms)."""
+    kernels = _device_kernels(prof)
+    by_name: dict[str, list[float]] = {}
+    spans: list[tuple[float, float]] = []
+    for e in kernels:
+        tr = e.time_range
+        by_name.setdefault(e.name, []).append(tr.end - tr.start)
+        spans.append((tr.start, tr.end))
+    busy_sum = sum(sum(v) for v in by_name.values())
+    union, last = 0.0, float("-inf")
+    for s0, s1 in sorted(spans):
+        if s1 > last:
+            union += s1 - max(s0, last)
+            last = s1
+    top_k = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]
+    cpu = [
+        a
+        for a in prof.key_averages()
+        if getattr(a, "device_type", None) is None or str(getattr(a, "device_type", "")).endswith("CPU")
+    ]
+    top_c = sorted(cpu, key=lambda a: -a.self_cpu_time_total)[:15]
+    res: dict[str, Any] = {
+        "cells": cells,
+        "wall_ms": wall_us / 1e3,
+        "kernels": len(kernels),
+        "kernels_per_cell": len(kernels) / max(cells, 1),
+        "gpu_kernel_ms_sum": busy_sum / 1e3,
+        "gpu_busy_sum_frac": busy_sum / wall_us if wall_us else None,
+        "gpu_busy_union_frac": union / wall_us if wall_us else None,
+        "top_kernels_ms": [[n[:120], sum(v) / 1e3, len(v)] for n, v in top_k],
+        "top_cpu_self_ms": [[a.key[:120], a.self_cpu_time_total / 1e3, a.count] for a in top_c],
+    }
+    err = sys.stderr
+    print(f"== profile {name}: {cells} cells, wall {res['wall_ms']:.1f} ms, {len(kernels)} kernels", file=err)
+    print(
+        f"   GPU busy: sum {res['gpu_kernel_ms_sum']:.1f} ms = {res['gpu_busy_sum_frac'] or 0:.2f} of wall, "
+        f"union {res['gpu_busy_union_frac'] or 0:.2f}",
+        file=err,
+    )
+    for n, ms, c in res["top_kernels_ms"]:
+        print(f"   {ms:9.2f} ms {c:6d}x  {n}", file=err)
+    print("   -- CPU self time", file=err)
+    for n, ms, c in res["top_cpu_self_ms"]:
+        print(f"   {ms:9.2f} ms {c:6d}x  {n}", file=err)
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -249,7 +331,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-lever-s", type=float, default=120.0, help="stop a lever's e2e loop after this")
     p.add_argument("--world-cells", type=int, default=3, help="code-world cells timed (0: skip)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    p.add_argument(
+        "--profile", default="", help="comma list of levers to profile (torch.profiler, steady state)"
+    )
+    p.add_argument("--profile-cells", type=int, default=2, help="cells under the profiler per lever")
     args = p.parse_args(argv)
+    args.profile = {x for x in args.profile.split(",") if x}
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available")
     chosen = [x for x in args.levers.split(",") if x] or [
