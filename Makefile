@@ -8,7 +8,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DIFFSYNTH_SKIP_DOWNLOAD := True
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run sft dev services test test-gpu lint validate clean
+.PHONY: setup run sft dev play services test test-gpu lint validate clean
 
 # Fresh venv with pinned torch (constraints.txt) so diffsynth's torchvision cannot pull a CUDA torch.
 setup:
@@ -46,6 +46,11 @@ sft:
 dev:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# The live page on http://127.0.0.1:8765: the newest causal export `make run` (and the stages after
+# it) left under outputs/tiny (deploy_export, stage 3 / 2 EMA, stage 1), keys in, frames out.
+play:
+	$(PY) -m gc25d_core.deploy serve --preset tiny
 
 validate:
 	$(VENV)/bin/dagster definitions validate -m gc25d_pipeline.definitions

@@ -2,11 +2,12 @@
 # Start the services the scale-out tests run against, on this machine, idempotently:
 #   slurm     munge + slurmctld + slurmd, one CPU node named after this host (Debian's slurm-wlm)
 #   postgres  a PostgreSQL cluster on 127.0.0.1:5432 with role/database gc25d (Debian's postgresql)
+#   browser   Debian's chromium + chromium-driver for the deploy web page test (selenium, headless)
 # Needs root (apt-get, daemons). Run by .ci/run and by the tests' fixtures (tests/services.py);
 # a second call finds them running and only checks them.
-#   bash .ci/services.sh [slurm] [postgres]     (default: both)
+#   bash .ci/services.sh [slurm] [postgres] [browser]     (default: all three)
 set -euo pipefail
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(slurm postgres)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(slurm postgres browser)
 STATE=/var/lib/gc25d-ci
 mkdir -p "$STATE"
 
@@ -104,6 +105,8 @@ for s in "${want[@]}"; do
   case "$s" in
     slurm) start_slurm ;;
     postgres) start_postgres ;;
-    *) echo "unknown service $s (slurm | postgres)" >&2; exit 2 ;;
+    # nothing to start: the test launches chromium itself through chromedriver
+    browser) apt_install chromium:chromium chromedriver:chromium-driver; echo "browser: $(chromium --version)" ;;
+    *) echo "unknown service $s (slurm | postgres | browser)" >&2; exit 2 ;;
   esac
 done

@@ -18,6 +18,8 @@ def test_definitions_load_and_graph():
     assert {"raw_source", "clips_index", "text_table", "cluster_check"} <= keys
     assert dg.AssetKey("raw_source") in graph.get(dg.AssetKey("clips_index")).parent_keys
     assert dg.AssetKey("tiny_vae") in graph.get(dg.AssetKey("latents")).parent_keys
+    assert {"stage3_dmd", "deploy_export", "eval"} <= keys
+    assert dg.AssetKey("deploy_export") in graph.get(dg.AssetKey("eval")).parent_keys
     job = defs.resolve_job_def("full_chain")
     assert {n.name for n in job.graph.node_defs} >= {
         "tiny_vae",

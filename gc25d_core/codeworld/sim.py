@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -475,19 +476,42 @@ def _frames(
     spec: RunSpec, scene_of: Callable[[LookSpan], StaticScene], actions: np.ndarray
 ) -> Iterator[FrameState]:
     policy = Policy(np.random.default_rng([spec.seed, 11]))
-    fight = Fight(np.random.default_rng([spec.seed, 13]))
-    rig = CameraRig(np.random.default_rng([spec.seed, 17]), spec.framed)
-    prev_variant = None
+    stepper = RunStepper(spec, scene_of)
+
+    def block_of(f: int, distance: float, dead: bool) -> np.ndarray:
+        if f % FRAMES_PER_BLOCK == 0:  # the policy sees the distance after a respawn
+            actions[f // FRAMES_PER_BLOCK] = policy.next_block(distance, dead)
+        return actions[f // FRAMES_PER_BLOCK]
+
     for f in range(spec.num_frames):
+        yield stepper.frame(partial(block_of, f))
+
+
+class RunStepper:
+    """The run loop one frame at a time, for any source of action blocks: ``simulate`` feeds it the
+    policy's blocks, the live session (gc25d_core.deploy) a player's. ``frame(block)`` advances the
+    next frame under ``block`` (uint8 [5], or ``block(distance, dead)`` called after a respawn) and
+    returns its state; the same spec and blocks give the same states as ``simulate`` (one
+    implementation of the dynamics)."""
+
+    def __init__(self, spec: RunSpec, scene_of: Callable[[LookSpan], StaticScene]):
+        self.spec, self.scene_of = spec, scene_of
+        self.fight = Fight(np.random.default_rng([spec.seed, 13]))
+        self.rig = CameraRig(np.random.default_rng([spec.seed, 17]), spec.framed)
+        self.prev_variant: str | None = None
+        self.next_frame = 0
+
+    def frame(self, block: np.ndarray | Callable[[float, bool], np.ndarray]) -> FrameState:
+        spec, fight, rig = self.spec, self.fight, self.rig
+        f = self.next_frame
         look = spec.look_at(f)
-        scene = scene_of(look)
+        scene = self.scene_of(look)
         dead = spec.dead_at(f)
         respawn = f in spec.respawns
         if respawn:
             fight.spawn()
-        if f % FRAMES_PER_BLOCK == 0:
-            actions[f // FRAMES_PER_BLOCK] = policy.next_block(fight.distance, dead)
-        block = actions[f // FRAMES_PER_BLOCK]
+        if callable(block):
+            block = block(fight.distance, dead)
         variant_name = spec.camera_at(f)
         variant = CAMERA_VARIANTS[variant_name]
         if not dead:
@@ -503,10 +527,11 @@ def _frames(
         # f32 is what frame.json round-trips; the renderer uses exactly these values
         caps = np.stack([p_caps, b_caps]).astype(np.float32).astype(np.float64)
         pos = np.stack([actor_pos(p_foot, PLAYER_SCALE), actor_pos(b_foot, BOSS_SCALE)])
-        snap = f == 0 or respawn or variant_name != prev_variant
+        snap = f == 0 or respawn or variant_name != self.prev_variant
         pose, offset = rig.update(f, pos[0], fight.lock_yaw, variant, snap, scene)
-        prev_variant = variant_name
-        yield FrameState(
+        self.prev_variant = variant_name
+        self.next_frame = f + 1
+        return FrameState(
             frame=f,
             episode=spec.episode_at(f),
             camera_variant=variant_name,

@@ -28,7 +28,7 @@ written under no_grad). ``sigma = t / 1000``; the timestep axis itself comes fro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -253,6 +253,7 @@ class KVCache:
         self._cell: int | None = None
         self._rot: dict[int, torch.Tensor] = {}
         self._freqs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fold: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return len(self.cells)
@@ -325,6 +326,71 @@ class KVCache:
             self._pending[layer] = (k.detach(), v.detach())
         return sdpa(qr, kr, v_all, h)
 
+    # -- the folded commit (deploy): one forward commits cell k and runs cell k + 1's first step
+
+    def begin_fold(self, cell: int) -> None:
+        """Start a forward whose first ``tokens_per_cell`` tokens are ``cell`` clean at t=0 (committed
+        at ``end_fold``) and whose other tokens are ``cell + 1`` (not committed). Each group sees
+        exactly what its own forward would: ``cell`` the cache as it is, ``cell + 1`` the cache after
+        the commit (evicted for it, with ``cell`` itself), each rotated for its own query cell."""
+        self.begin(cell)
+        nxt = cell + 1
+        after = [*self.cells, cell]
+        keep = visible(nxt, torch.tensor(after), self.spec).tolist()
+        kept = [c for c, k in zip(after, keep, strict=True) if k]
+        if kept[-1] != cell:
+            raise RuntimeError(f"cell {nxt} cannot see cell {cell}: the window must be at least 2 to fold")
+        n = self.tokens_per_cell
+        slots = [self.cells.index(c) for c in kept[:-1]]
+        self._fold = {
+            "cells": kept,
+            "slots": torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots]) if slots else None,
+            "rot": {},
+        }
+
+    def _fold_freqs(self, rope: RopeTable) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        fold = self._fold
+        if "freqs" not in fold:
+            assert self._cell is not None
+            h, w = self.grid_hw
+            nxt = self._cell + 1
+            q = rope.token_freqs(torch.tensor([query_time_position(nxt, self.spec)]), h, w)
+            kv = rope.token_freqs(rope_time_positions(torch.tensor(fold["cells"]), nxt, self.spec), h, w)
+            fold["freqs"] = (q, kv)
+        return fold["freqs"]
+
+    @torch.compiler.disable  # python-side cache state: keep it out of compiled block graphs
+    def attend_fold(self, layer: int, q, k, v, rope: RopeTable) -> torch.Tensor:
+        n, h = self.tokens_per_cell, self.num_heads
+        out_a = self.attend(layer, q[:, :n], k[:, :n], v[:, :n], rope, commit=True)
+        ka, va = k[:, :n], v[:, :n]
+        fold = self._fold
+        (cos_q, sin_q), (cos_k, sin_k) = self._fold_freqs(rope)
+        k_all, v_all = ka, va
+        k_cached, v_cached = self.k[layer], self.v[layer]
+        if fold["slots"] is not None and k_cached is not None and v_cached is not None:
+            idx = fold["slots"].to(k_cached.device)
+            k_all = torch.cat([k_cached.index_select(1, idx), ka], dim=1)
+            v_all = torch.cat([v_cached.index_select(1, idx), va], dim=1)
+        k_rot = apply_rope(k_all, cos_k, sin_k, h)
+        fold["rot"][layer] = k_rot  # what cell k + 1's later forwards would rotate: kept for them
+        qb = apply_rope(q[:, n:], cos_q, sin_q, h)
+        kb = apply_rope(k[:, n:], cos_q, sin_q, h)
+        out_b = sdpa(qb, torch.cat([k_rot, kb], dim=1), torch.cat([v_all, v[:, n:]], dim=1), h)
+        return torch.cat([out_a, out_b], dim=1)
+
+    def end_fold(self) -> None:
+        """Commit the first group's K/V; the next cell's forwards reuse the rotations of the fold."""
+        fold, cell = self._fold, self._cell
+        assert cell is not None
+        self.end(commit=True)
+        if self.cells != fold["cells"]:
+            raise RuntimeError(f"fold of cell {cell}: cache {self.cells} != expected {fold['cells']}")
+        self._cell = cell + 1
+        self._rot = dict(fold["rot"])
+        self._freqs = {"q": fold["freqs"][0], "kv": fold["freqs"][1]}
+        self._fold = {}
+
     def end(self, commit: bool) -> None:
         """Finish the forward; a commit appends this cell's K/V and evicts for the next cell."""
         cell = self._cell
@@ -350,6 +416,16 @@ class KVStepAttention:
 
     def __call__(self, layer: int, q, k, v) -> torch.Tensor:
         return self.cache.attend(layer, q, k, v, self.rope, self.commit)
+
+
+class KVFoldAttention:
+    """The plan of a folded forward: [clean cell k (committed) | noisy cell k + 1] (``begin_fold``)."""
+
+    def __init__(self, cache: KVCache, rope: RopeTable):
+        self.cache, self.rope = cache, rope
+
+    def __call__(self, layer: int, q, k, v) -> torch.Tensor:
+        return self.cache.attend_fold(layer, q, k, v, self.rope)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -378,6 +454,8 @@ def denoise_cell(
     exit_step: int | None = None,
     grad: bool = False,
     record: list[dict[str, Any]] | None = None,
+    commit: bool = True,
+    fold: FoldedCommit | None = None,
 ) -> torch.Tensor:
     """Denoise one cell against the cache and commit it; returns x0 ``[B, C, 1, H, W]``.
 
@@ -385,7 +463,13 @@ def denoise_cell(
     iff ``grad``. Re-noising uses ``noise[k]`` or fresh normal noise from ``generator``. The commit
     forward of x0.detach() at t=0 always runs under no_grad. ``record`` (tests) receives one dict
     per forward: cell, step (int or "commit"), x, t, v.
+
+    Deploy's folded commit: ``commit=False`` leaves this cell's commit to the next cell, whose first
+    forward takes it as ``fold`` (the previous cell's clean x0, text and ids) and runs
+    [clean k | noisy k + 1] in one forward (same K/V and output as the separate commit; tests).
     """
+    if fold is not None and (grad or fold.cell != cell - 1):
+        raise ValueError(f"a folded commit needs grad off and the previous cell (got {fold.cell} for {cell})")
     num_steps = len(timesteps)
     exit_k = num_steps - 1 if exit_step is None else exit_step
     if not 0 <= exit_k < num_steps:
@@ -395,7 +479,8 @@ def denoise_cell(
     for k in range(exit_k + 1):
         t = float(timesteps[k])
         with torch.set_grad_enabled(grad and k == exit_k):
-            v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False)
+            folded = {"fold": fold} if fold is not None and k == 0 else {}
+            v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False, **folded)
             assert v is not None
             x0 = x - sigma_of(t) * v
         if record is not None:
@@ -404,6 +489,8 @@ def denoise_cell(
             eps = noise[k] if noise is not None else _noise_like(x, generator)
             s_next = sigma_of(timesteps[k + 1])
             x = ((1.0 - s_next) * x0 + s_next * eps).detach()
+    if not commit:
+        return x0
     with torch.no_grad():
         v_commit = model(
             x0.detach(),
@@ -421,6 +508,15 @@ def denoise_cell(
     return x0
 
 
+class FoldedCommit(NamedTuple):
+    """A cell denoised but not committed yet: its commit rides on the next cell's first forward."""
+
+    cell: int
+    x0: torch.Tensor
+    text: TextContext
+    sem_ids: torch.Tensor | None
+
+
 class CausalStreamer:
     """Stateful per-cell generation (deploy): ``start`` prefills the anchor cell at t=0, each
     ``step`` denoises and commits the next cell."""
@@ -431,13 +527,18 @@ class CausalStreamer:
         spec: CausalConfig,
         timesteps: Sequence[float],
         forward: Callable[..., Any] | None = None,
+        fold_commit: bool = False,
     ):
         """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
-        its shards there); default the model itself. The cache is always the model's."""
+        its shards there); default the model itself. The cache is always the model's.
+        ``fold_commit`` (deploy, no grad): each cell's commit runs inside the next cell's first
+        forward (4 forwards per cell instead of 5); the last cell's commit stays pending."""
         self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)
         self.forward = model if forward is None else forward
+        self.fold_commit = fold_commit
         self.cache: KVCache | None = None
         self.next_cell = 0
+        self.pending: FoldedCommit | None = None
 
     @torch.no_grad()
     def start(self, anchor: torch.Tensor, text: TextContext, sem_ids: torch.Tensor | None = None) -> None:
@@ -448,6 +549,7 @@ class CausalStreamer:
         )
         self._cell_like = anchor
         self.next_cell = 1
+        self.pending = None
 
     def step(
         self,
@@ -464,6 +566,8 @@ class CausalStreamer:
             raise RuntimeError("CausalStreamer.step before start()")
         if x_init is None:
             x_init = _noise_like(self._cell_like, generator)
+        if self.fold_commit:
+            kwargs.update(commit=False, fold=self.pending)
         x0 = denoise_cell(
             self.forward,
             self.cache,
@@ -476,6 +580,8 @@ class CausalStreamer:
             record=record,
             **kwargs,
         )
+        if self.fold_commit:
+            self.pending = FoldedCommit(self.next_cell, x0.detach(), text, sem_ids)
         self.next_cell += 1
         return x0
 

@@ -32,6 +32,7 @@ from gc25d_core.compat import import_diffsynth
 from gc25d_core.models.causal import (
     FullSequenceAttention,
     KVCache,
+    KVFoldAttention,
     KVStepAttention,
     RopeTable,
     check_full_sequence,
@@ -117,6 +118,25 @@ class TextContext:
     def select(self, index: torch.Tensor) -> TextContext:
         """Same bank (and memo), other groups (e.g. ``index[:, i:i+1]`` = cell i alone)."""
         return self if self.index is None else self._view(index)
+
+    def join(self, other: TextContext) -> TextContext:
+        """One context over this one's groups then ``other``'s (deploy's folded forward: the clean
+        cell's prompt, then the next cell's). Views of one bank stay one bank (and one memo)."""
+        if other.raw is self.raw and self.index is None and other.index is None:
+            return self
+        if other.raw is self.raw and self.index is not None and other.index is not None:
+            return self._view(torch.cat([self.index, other.index], dim=1))
+
+        def rows(c: TextContext) -> torch.Tensor:  # [B, G, Lc, Dt]
+            if c.index is None:
+                return c.raw[:, None]
+            batch = torch.arange(c.raw.shape[0], device=c.raw.device)[:, None]
+            return c.raw[batch, c.index.to(c.raw.device)]
+
+        bank = torch.cat([rows(self), rows(other)], dim=1)
+        return TextContext(
+            bank, torch.arange(bank.shape[1], device=bank.device)[None].expand(bank.shape[0], -1)
+        )
 
     def repeat_groups(self, times: int) -> TextContext:
         return self if self.index is None else self._view(torch.cat([self.index] * times, dim=1))
@@ -454,6 +474,7 @@ class GcDiT(WanModel):
         cache: KVCache | None = None,
         commit: bool = False,
         return_output: bool = True,
+        fold: Any = None,
     ) -> Any:
         """Velocity prediction; every mode enters here so FSDP/DeepSpeed wrappers see one forward.
 
@@ -462,7 +483,9 @@ class GcDiT(WanModel):
         [B, 1+4(N-1), 16H, 16W] (or ``sem_pooled``); None adds no condition. ``cell_positions``: RoPE
         time index per cell (default 0..N-1).
         ``mode="tf"``: teacher forcing, ``latents`` = the noisy copy, ``clean=`` the clean one (see
-        ``forward_teacher_forcing``). ``mode="kv"``: one cell against a KV cache (see ``forward_kv``).
+        ``forward_teacher_forcing``). ``mode="kv"``: one cell against a KV cache (see ``forward_kv``);
+        with ``fold`` (a ``causal.FoldedCommit`` of cell - 1) the previous cell's commit runs in the
+        same forward (``_forward_fold``).
         """
         if mode == "full":
             return self._forward_full(
@@ -496,6 +519,8 @@ class GcDiT(WanModel):
         if mode == "kv":
             if cell is None or cache is None:
                 raise ValueError("mode='kv' needs cell= and cache=")
+            if fold is not None:
+                return self._forward_fold(latents, cell, timestep, context, sem_ids, cache, fold)
             return self._forward_kv(
                 latents, cell, timestep, context, sem_ids, sem_pooled, cache, commit, return_output
             )
@@ -640,3 +665,37 @@ class GcDiT(WanModel):
             raise
         cache.end(commit)
         return self._out(x, t, grid) if return_output else None
+
+    def _forward_fold(self, latent, cell, timestep, text, sem_ids, cache, fold) -> torch.Tensor:
+        """[clean cell k at t=0 | noisy cell k + 1 at ``timestep``] in one pass: the linear layers run
+        once over both cells, the attention per group (``KVCache.attend_fold``); commits cell k and
+        returns the velocity of cell k + 1 (what a commit forward then a kv forward give)."""
+        if fold.cell != cell - 1:
+            raise ValueError(f"a fold carries the previous cell: got cell {fold.cell} for {cell}")
+        xa, grid = self.embed_latents(fold.x0, self.encode_sem(fold.sem_ids, None, first_cell=fold.cell))
+        xb, grid_b = self.embed_latents(latent, self.encode_sem(sem_ids, None, first_cell=cell))
+        f, h, w = grid
+        if f != 1 or grid_b != grid:
+            raise ValueError(f"a fold takes one cell each, got grids {grid} and {grid_b}")
+        if (h, w) != cache.grid_hw:
+            raise ValueError(f"token grid {(h, w)} != the cache's {cache.grid_hw}")
+        b = xb.shape[0]
+        t_cell = torch.as_tensor(timestep, dtype=torch.float32, device=xb.device).reshape(-1)
+        t_cell = (t_cell.expand(b) if t_cell.numel() == 1 else t_cell).reshape(b, 1)
+        t, t_mod = self.embed_time(torch.cat([torch.zeros_like(t_cell), t_cell], dim=1), h * w)
+        prev = fold.text if isinstance(fold.text, TextContext) else TextContext.build(fold.text)
+        texts = self.prepare_text(
+            prev.join(text if isinstance(text, TextContext) else TextContext.build(text))
+        )
+        if texts.num_groups not in (None, 2):
+            raise ValueError("a fold needs each cell's own context (TextContext.select(index[:, i:i+1]))")
+        rope = self.rope_table(xb.device, xb.dtype)
+        n = h * w
+        cache.begin_fold(fold.cell)
+        try:
+            x = self.run_blocks(torch.cat([xa, xb], dim=1), texts, t_mod, KVFoldAttention(cache, rope))
+        except BaseException:
+            cache.end(commit=False)
+            raise
+        cache.end_fold()
+        return self._out(x[:, n:], t[:, n:], grid)

@@ -221,9 +221,12 @@ class StreamingDecoder:
     the cells can arrive over time and several streams can share one VAE. The result equals the
     whole-clip decode (tests/models/test_vae.py)."""
 
-    def __init__(self, vae: WanVideoVAE38):
+    def __init__(self, vae: WanVideoVAE38, dtype: torch.dtype = torch.float32):
+        """``dtype``: the decode's compute dtype; the VAE's weights must already be in it (the deploy
+        runtime's bf16 decode keeps a bf16 copy; the default fp32 is the reference)."""
         self.vae = vae
         self.model = vae.model
+        self.dtype = dtype
         self._cache: list[torch.Tensor | None] = [None] * count_conv3d(self.model.decoder)
         self.cells = 0
 
@@ -237,7 +240,7 @@ class StreamingDecoder:
             raise ValueError(f"a latent cell must be [B, {Z_DIM}, 1, h, w], got {tuple(z_cell.shape)}")
         device = next(self.model.parameters()).device
         with torch.autocast(device_type=device.type, enabled=False):
-            x = self.model.conv2(_denormalise(self.vae, z_cell.to(device).float()))
+            x = self.model.conv2(_denormalise(self.vae, z_cell.to(device=device, dtype=self.dtype)))
             out, self._cache, _ = self.model.decoder(
                 x, feat_cache=self._cache, feat_idx=[0], first_chunk=self.cells == 0
             )

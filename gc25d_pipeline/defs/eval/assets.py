@@ -2,7 +2,7 @@
 and chain241 sweeps (gc25d_core.eval), with the plots and the comparison table in the metadata.
 
 ``EVAL_SOURCES`` is the extension point: (label, upstream asset, hand-off file) in chain order. A
-hand-off with an EMA export adds ``<label>_ema``. The deploy export and stage 3's EMA milestones join here the same way.
+hand-off with an EMA export adds ``<label>_ema``; the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
 """
 
 from pathlib import Path
@@ -15,6 +15,7 @@ from gc25d_core.eval.evaluate import EvalConfig, EvalExport, exports_of_handoff
 from gc25d_core.schema import ConfigError
 from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.defs.deploy.assets import deploy_export
 from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
 from gc25d_pipeline.lib.clip_jobs import png_markdown
 from gc25d_pipeline.lib.project import Gc25dProject
@@ -32,7 +33,8 @@ EVAL_SOURCES: tuple[EvalSource, ...] = (
     EvalSource("stage1_tf", stage1_tf, FINAL),
     EvalSource("stage2_cd", stage2_cd, FINAL),
     EvalSource("stage3_dmd", stage3_dmd, FINAL),
-    # the deploy export and stage 3's EMA milestones join here the same way
+    EvalSource("deploy", deploy_export, FINAL),
+    # stage 3's EMA milestones join here the same way
 )
 
 

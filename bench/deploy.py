@@ -1,0 +1,410 @@
+"""Deploy speed: one live cell (4 denoise steps + commit at t=0, then the streaming VAE decode of
+its 4 frames) at steady state with a full window (sink 3 + 16 cached + the current cell), the exact
+path and each speed lever in the same run. Prints one JSON object.
+
+Random weights of the real classes (full: Wan2.2-TI2V-5B GcDiT bf16 + the full VAE38; tiny: the CPU
+test models), the real runtime (gc25d_core.deploy.runtime.DeployRuntime: the code a session runs).
+Per lever: prefill to a full window (compile warm-up included there), then
+  e2e       per-cell wall to the cell's frames on the host (decode on, no per-forward syncs)
+  parts     per-forward synchronised: denoise forwards, commit, decode, host (Python) time
+  denoise   per-cell wall with decode off: denoise-only throughput
+  first     first-frame latency: anchor encode + prefill + first cell + its decode, cold session
+  exact     max |x0 - x0_exact| over every cell (same seed, ids, prompts)
+The code world's CPU render of a cell is measured apart (``world``): it is host work a session can
+run a cell ahead. Levers: compile (fused RMSNorm + torch.compile'd blocks), fold (commit folded into
+the next cell's first forward), vae_bf16_stream (bf16 decode on a second CUDA stream), cudagraphs
+(compile mode reduce-overhead), best (compile + fold + vae_bf16_stream). A lever that fails records
+its error. Real time is <= 0.25 s per cell (16 fps), the goal <= 0.125 s.
+
+    python bench/deploy.py --device cuda --dims full                   # the H200 run (< 9 min)
+    python bench/deploy.py --device cpu --dims tiny --cells 8 --parts 3 # CPU smoke of every path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gc25d_core.compat import import_diffsynth  # noqa: E402
+
+LEVERS = ("exact", "compile", "fold", "vae_bf16_stream", "cudagraphs", "best")
+CUDA_ONLY = {"compile", "cudagraphs", "best"}  # inductor on a CPU costs minutes of C++ builds: opt in
+
+
+def lever_options(name: str, cuda: bool) -> dict[str, Any]:
+    stream = {"decode_dtype": "bf16", "decode_stream": cuda}
+    return {
+        "exact": {},
+        "compile": {"compile": True, "fused_rmsnorm": True},
+        "fold": {"fold_commit": True},
+        "vae_bf16_stream": stream,
+        "cudagraphs": {"compile": True, "fused_rmsnorm": True, "compile_mode": "reduce-overhead"},
+        "best": {"compile": True, "fused_rmsnorm": True, "fold_commit": True, **stream},
+    }[name]
+
+
+def reset_model(model: Any) -> None:
+    """Back to the eager reference body and norms (a lever's switches do not leak into the next)."""
+    for block in model.blocks:
+        block.__dict__.pop("body", None)
+    model.use_fused_rmsnorm(False)
+    torch._dynamo.reset()
+
+
+def stats(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return {
+        "median": statistics.median(s),
+        "mean": statistics.fmean(s),
+        "p90": s[min(len(s) - 1, int(0.9 * len(s)))],
+        "min": s[0],
+        "n": len(s),
+    }
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        import_diffsynth()
+        from gc25d_core.flow import DEPLOY_AXIS
+        from gc25d_core.models.configs import DEPLOY_CAUSAL, full_config, tiny_config
+        from gc25d_core.models.export import ExportMeta
+        from gc25d_core.models.gcdit import GcDiT
+        from gc25d_core.models.vae import build_vae
+        from gc25d_core.text import text_data
+        from gc25d_core.vocab import valid_raw_ids
+
+        self.args = args
+        self.dev = torch.device(args.device)
+        self.cuda = self.dev.type == "cuda"
+        full = args.dims == "full"
+        self.cfg = full_config() if full else tiny_config()
+        self.hw = (30, 52) if full else (4, 8)
+        t0 = time.perf_counter()
+        torch.manual_seed(0)
+        with torch.device(self.dev):
+            self.model = GcDiT(self.cfg).to(torch.bfloat16 if self.cuda else torch.float32).eval()
+        self.model.requires_grad_(False)
+        self.model.check_sem_ids = False
+        self.vae = build_vae(tiny=not full, device="cpu").to(self.dev).requires_grad_(False)
+        self.build_s = time.perf_counter() - t0
+        self.meta = ExportMeta(
+            vocab="parts", dit_config=self.cfg, causal=DEPLOY_CAUSAL, denoise_axis=DEPLOY_AXIS.timesteps
+        )
+        g = torch.Generator().manual_seed(0)
+        self.keys = list(text_data().keys)
+        text_len = 512 if full else 16
+        self.table = {
+            k: torch.randn(text_len, self.cfg.text_dim, generator=g).to(torch.bfloat16) for k in self.keys
+        }
+        values = torch.tensor(valid_raw_ids("parts"), dtype=torch.uint8)
+        px = (self.hw[0] * 16, self.hw[1] * 16)
+        self.ids_pool = [
+            values[torch.randint(0, len(values), (4, *px), generator=g)].numpy() for _ in range(3)
+        ]
+        self.anchor_rgb = torch.randint(0, 256, (1, *px, 3), generator=g, dtype=torch.uint8).numpy()
+        self.exact: list[torch.Tensor] = []
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+
+    def cell_inputs(self, cell: int) -> tuple[np.ndarray, str]:
+        return self.ids_pool[cell % len(self.ids_pool)], self.keys[(7 * cell) % len(self.keys)]
+
+    def run_lever(self, name: str) -> dict[str, Any]:
+        from gc25d_core.deploy.runtime import DeployRuntime, RuntimeOptions
+        from gc25d_core.models.vae import encode_frames
+
+        a = self.args
+        reset_model(self.model)
+        opts = RuntimeOptions(seed=0, **lever_options(name, self.cuda))
+        out: dict[str, Any] = {"options": opts.model_dump()}
+        t_start = time.perf_counter()
+        rt = DeployRuntime(self.model, self.meta, self.table, self.vae, opts)
+        # first frame, cold: anchor encode + prefill + cell 1 + its decode (compile warm-up included)
+        latent = encode_frames(self.vae, self.anchor_rgb)[None]
+        rt.start(latent, self.ids_pool[0][:1], self.keys[0])
+        ids, key = self.cell_inputs(1)
+        first = rt.step(ids, key)
+        frames = list(first.frames)
+        if not frames:
+            frames = rt.flush()
+        self.sync()
+        out["first_frame_s"] = time.perf_counter() - t_start
+        latents = [first.latent.float().cpu()]
+        full_window = rt.spec.sink + rt.spec.window  # from this cell on every cell sees a full cache
+        cell = 2
+        while cell < full_window + a.warmup:
+            ids, key = self.cell_inputs(cell)
+            latents.append(rt.step(ids, key).latent.float().cpu())
+            cell += 1
+        self.sync()
+        out["warm_s"] = time.perf_counter() - t_start
+        out["cached_cells"] = len(rt.streamer.cache) if rt.streamer.cache is not None else 0
+        if name in a.profile:
+            out["profile"], cell = self.profile(rt, cell, name, latents)
+        deadline = time.perf_counter() + a.max_lever_s
+        e2e: list[float] = []
+        for _ in range(a.cells):
+            ids, key = self.cell_inputs(cell)
+            t0 = time.perf_counter()
+            o = rt.step(ids, key)
+            for f in o.frames:  # the frames are on the host: the cell is done
+                assert f.dtype == np.uint8
+            e2e.append(time.perf_counter() - t0)
+            latents.append(o.latent.float().cpu())
+            cell += 1
+            if time.perf_counter() > deadline:
+                out["stopped_early"] = f"max_lever_s={a.max_lever_s}"
+                break
+        rt.timing = True
+        parts: dict[str, list[float]] = {k: [] for k in ("denoise", "commit", "decode", "host", "total")}
+        forwards: list[list[float]] = []
+        for _ in range(a.parts):
+            ids, key = self.cell_inputs(cell)
+            o = rt.step(ids, key)
+            for k in parts:
+                parts[k].append(getattr(o.times, k))
+            forwards.append(o.times.forwards)
+            latents.append(o.latent.float().cpu())
+            cell += 1
+        rt.timing = False
+        rt.options = rt.options.model_copy(update={"decode": False})
+        rt.flush()
+        denoise_only: list[float] = []
+        for _ in range(a.parts):
+            ids, key = self.cell_inputs(cell)
+            self.sync()
+            t0 = time.perf_counter()
+            o = rt.step(ids, key)
+            self.sync()
+            denoise_only.append(time.perf_counter() - t0)
+            latents.append(o.latent.float().cpu())
+            cell += 1
+        out["cells_measured"] = len(e2e)
+        out["e2e_s_per_cell"] = stats(e2e)
+        out["denoise_only_s_per_cell"] = stats(denoise_only)
+        out["parts_s"] = {k: stats(v) for k, v in parts.items()}
+        out["forwards_per_cell"] = len(forwards[0]) if forwards else None
+        out["forward_s"] = (
+            [statistics.median(col) for col in zip(*forwards, strict=False)] if forwards else None
+        )
+        med = out["e2e_s_per_cell"]["median"] if e2e else None
+        den = out["denoise_only_s_per_cell"]["median"] if denoise_only else None
+        out["e2e_fps"] = 4 / med if med else None
+        out["denoise_only_fps"] = 4 / den if den else None
+        out["real_time"] = bool(med is not None and med <= 0.25)
+        out["goal"] = bool(med is not None and med <= 0.125)
+        if name == "exact":
+            self.exact = latents
+        elif self.exact:
+            n = min(len(self.exact), len(latents))
+            diff = max(float((x - y).abs().max()) for x, y in zip(self.exact[:n], latents[:n], strict=True))
+            scale = max(float(x.abs().max()) for x in self.exact[:n])
+            out["vs_exact"] = {"cells": n, "max_abs_diff": diff, "rel": diff / max(scale, 1e-12)}
+        del rt
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return out
+
+    def profile(
+        self, rt: Any, cell: int, name: str, latents: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], int]:
+        """torch.profiler over ``--profile-cells`` steady-state cells (decode on, no per-forward
+        syncs): the top CUDA kernels by total time, the top CPU self times and how busy the GPU
+        was (kernel time / wall, summed and as the union of kernel intervals)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.sync()
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            for _ in range(self.args.profile_cells):
+                ids, key = self.cell_inputs(cell)
+                o = rt.step(ids, key)
+                for f in o.frames:
+                    assert f.dtype == np.uint8
+                latents.append(o.latent)
+                cell += 1
+            frames = rt.flush()  # a side-stream decode still in flight belongs to these cells
+            del frames
+            self.sync()
+            wall_us = (time.perf_counter() - t0) * 1e6
+        latents[-self.args.profile_cells :] = [x.float().cpu() for x in latents[-self.args.profile_cells :]]
+        return profile_summary(prof, wall_us, name, self.args.profile_cells), cell
+
+    def world(self) -> dict[str, Any]:
+        """The code world's CPU cost per cell at the benchmark's geometry (one core, numpy)."""
+        from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
+        from gc25d_core.deploy.world import LiveWorld, WorldConfig
+
+        geo = FULL_GEOMETRY if self.args.dims == "full" else TINY_GEOMETRY
+        w = LiveWorld(WorldConfig(), geo)
+        t0 = time.perf_counter()
+        w.reset(with_rgb=False)
+        reset_s = time.perf_counter() - t0
+        times = []
+        for i in range(self.args.world_cells):
+            t0 = time.perf_counter()
+            w.advance(np.array([1 + i % 4, 0, 0, 0, 0], np.uint8))
+            times.append(time.perf_counter() - t0)
+        return {"geometry": [geo.dst_width, geo.dst_height], "reset_s": reset_s, "s_per_cell": stats(times)}
+
+
+def _device_kernels(prof: Any) -> list[Any]:
+    from torch.autograd import DeviceType
+
+    return [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
+
+
+def profile_summary(prof: Any, wall_us: float, name: str, cells: int) -> dict[str, Any]:
+    """Kernel / CPU tables of a torch.profiler run, printed to stderr and returned (ms)."""
+    kernels = _device_kernels(prof)
+    by_name: dict[str, list[float]] = {}
+    spans: list[tuple[float, float]] = []
+    for e in kernels:
+        tr = e.time_range
+        by_name.setdefault(e.name, []).append(tr.end - tr.start)
+        spans.append((tr.start, tr.end))
+    busy_sum = sum(sum(v) for v in by_name.values())
+    union, last = 0.0, float("-inf")
+    for s0, s1 in sorted(spans):
+        if s1 > last:
+            union += s1 - max(s0, last)
+            last = s1
+    top_k = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]
+    cpu = [
+        a
+        for a in prof.key_averages()
+        if getattr(a, "device_type", None) is None or str(getattr(a, "device_type", "")).endswith("CPU")
+    ]
+    top_c = sorted(cpu, key=lambda a: -a.self_cpu_time_total)[:15]
+    res: dict[str, Any] = {
+        "cells": cells,
+        "wall_ms": wall_us / 1e3,
+        "kernels": len(kernels),
+        "kernels_per_cell": len(kernels) / max(cells, 1),
+        "gpu_kernel_ms_sum": busy_sum / 1e3,
+        "gpu_busy_sum_frac": busy_sum / wall_us if wall_us else None,
+        "gpu_busy_union_frac": union / wall_us if wall_us else None,
+        "top_kernels_ms": [[n[:120], sum(v) / 1e3, len(v)] for n, v in top_k],
+        "top_cpu_self_ms": [[a.key[:120], a.self_cpu_time_total / 1e3, a.count] for a in top_c],
+    }
+    err = sys.stderr
+    print(f"== profile {name}: {cells} cells, wall {res['wall_ms']:.1f} ms, {len(kernels)} kernels", file=err)
+    print(
+        f"   GPU busy: sum {res['gpu_kernel_ms_sum']:.1f} ms = {res['gpu_busy_sum_frac'] or 0:.2f} of wall, "
+        f"union {res['gpu_busy_union_frac'] or 0:.2f}",
+        file=err,
+    )
+    for n, ms, c in res["top_kernels_ms"]:
+        print(f"   {ms:9.2f} ms {c:6d}x  {n}", file=err)
+    print("   -- CPU self time", file=err)
+    for n, ms, c in res["top_cpu_self_ms"]:
+        print(f"   {ms:9.2f} ms {c:6d}x  {n}", file=err)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--dims", choices=("full", "tiny"), default="full")
+    p.add_argument("--levers", default="", help=f"comma list of {','.join(LEVERS)} (default: all on cuda)")
+    p.add_argument("--cells", type=int, default=100, help="steady-state cells timed end to end per lever")
+    p.add_argument(
+        "--parts", type=int, default=8, help="cells timed per part (synchronised), and denoise-only"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="cells after the window is full, before timing")
+    p.add_argument("--max-lever-s", type=float, default=120.0, help="stop a lever's e2e loop after this")
+    p.add_argument("--world-cells", type=int, default=3, help="code-world cells timed (0: skip)")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    p.add_argument(
+        "--profile", default="", help="comma list of levers to profile (torch.profiler, steady state)"
+    )
+    p.add_argument("--profile-cells", type=int, default=2, help="cells under the profiler per lever")
+    args = p.parse_args(argv)
+    args.profile = {x for x in args.profile.split(",") if x}
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    chosen = [x for x in args.levers.split(",") if x] or [
+        x for x in LEVERS if args.device == "cuda" or x not in CUDA_ONLY
+    ]
+    unknown = set(chosen) - set(LEVERS)
+    if unknown:
+        p.error(f"unknown levers {sorted(unknown)}; known: {list(LEVERS)}")
+    if "exact" in chosen:
+        chosen.remove("exact")
+    chosen = ["exact", *chosen]  # the reference first: every lever is compared with it
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # library chatter must not break the one JSON line
+        result = run(args, chosen)
+    text = json.dumps(result)
+    print(text, flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return result
+
+
+def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    bench = Bench(args)
+    result: dict[str, Any] = {
+        "bench": "deploy",
+        "device": str(bench.dev),
+        "gpu": torch.cuda.get_device_name(0) if bench.cuda else None,
+        "torch": torch.__version__,
+        "dims": args.dims,
+        "latent_hw": list(bench.hw),
+        "tokens_per_cell": bench.hw[0] * bench.hw[1] // 4,
+        "build_s": bench.build_s,
+        "levers": {},
+    }
+    for name in chosen:
+        try:
+            result["levers"][name] = bench.run_lever(name)
+        except Exception as e:  # a failing lever records its error; the run goes on
+            result["levers"][name] = {
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc()[-2000:],
+            }
+            reset_model(bench.model)
+            if bench.cuda:
+                torch.cuda.empty_cache()
+    if args.world_cells:
+        try:
+            result["world"] = bench.world()
+        except Exception as e:
+            result["world"] = {"error": f"{type(e).__name__}: {e}"}
+    ok = {k: v for k, v in result["levers"].items() if "e2e_s_per_cell" in v and v["e2e_s_per_cell"]}
+    if ok:
+        best = min(ok, key=lambda k: ok[k]["e2e_s_per_cell"]["median"])
+        result["summary"] = {
+            "best_lever": best,
+            "best_e2e_s_per_cell": ok[best]["e2e_s_per_cell"]["median"],
+            "best_e2e_fps": ok[best]["e2e_fps"],
+            "best_denoise_only_fps": ok[best]["denoise_only_fps"],
+            "exact_e2e_s_per_cell": ok["exact"]["e2e_s_per_cell"]["median"] if "exact" in ok else None,
+            "real_time_0.25s": ok[best]["real_time"],
+            "goal_0.125s": ok[best]["goal"],
+        }
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""``python -m gc25d_core.deploy``: play a scripted action sequence to an MP4, or serve the web page.
+
+    python -m gc25d_core.deploy play --actions 'fwd*8,run_right*4,light*2' --out outputs/play.mp4
+    python -m gc25d_core.deploy play --clip-actions RUN/actions_block_0.25s.npy --start 96 --cells 20
+    python -m gc25d_core.deploy serve --port 8765          # http://127.0.0.1:8765 (make play)
+
+``--export`` defaults to the newest causal export under the preset's runs root (``locate``). The
+MP4 shows RGB | colour-coded ids side by side; ``<out>.json`` holds the per-cell timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gc25d_core.deploy.runtime import RuntimeOptions
+from gc25d_core.deploy.world import WorldConfig
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", help="configs/<preset>.yaml (default: the embedded tiny one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--export", type=Path, default=None, help="a causal export (default: the newest)")
+    p.add_argument("--sha256", default=None, help="the export's expected SHA256")
+    p.add_argument("--anchor", type=Path, default=None, help="anchor image (default: the world's frame 0)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: the preset's, if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scene", default=WorldConfig().scene)
+    p.add_argument("--world-seed", type=int, default=0)
+    p.add_argument("--fold-commit", action="store_true", help="fold each commit into the next forward")
+    p.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gc25d_core.deploy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    play = sub.add_parser("play", help="scripted actions -> MP4 of RGB | ids")
+    _common(play)
+    src = play.add_mutually_exclusive_group()
+    src.add_argument("--actions", default="fwd*6,run_right*4,light*2,left*4,idle*4", help="action script")
+    src.add_argument("--clip-actions", type=Path, default=None, help="actions_block_0.25s.npy of a run")
+    play.add_argument("--start", type=int, default=0, help="clip start frame (with --clip-actions)")
+    play.add_argument("--cells", type=int, default=None, help="at most this many cells")
+    play.add_argument("--out", type=Path, default=Path("outputs/play.mp4"))
+    serve = sub.add_parser("serve", help="the local web page")
+    _common(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    return p
+
+
+def _config(args: argparse.Namespace):
+    from gc25d_core.config import load_config
+
+    return load_config(args.preset, args.set)
+
+
+def open_from_args(args: argparse.Namespace):
+    from gc25d_core.deploy.locate import newest_causal_export
+    from gc25d_core.deploy.session import open_session
+
+    cfg = _config(args)
+    export, sha, source = args.export, args.sha256, "--export"
+    if export is None:
+        found = newest_causal_export(cfg.paths.runs_root)
+        export, sha, source = found.path, found.sha256, found.source
+    opts = RuntimeOptions(seed=args.seed, fold_commit=args.fold_commit, compile=args.compile)
+    world = WorldConfig(scene=args.scene, seed=args.world_seed)
+    session = open_session(
+        export,
+        cfg,
+        world=world,
+        options=opts,
+        anchor_image=args.anchor,
+        device=args.device,
+        expected_sha256=sha,
+    )
+    return session, cfg, f"{export} [{source}]"
+
+
+def script_blocks(args: argparse.Namespace) -> list[np.ndarray]:
+    from gc25d_core.deploy.actions import parse_script
+
+    if args.clip_actions is not None:
+        from gc25d_core.timeline import block_offset
+
+        actions = np.load(args.clip_actions, allow_pickle=False)
+        if actions.ndim != 2 or actions.shape[1] != 5:
+            raise ValueError(f"{args.clip_actions}: actions must be [N, 5], got {list(actions.shape)}")
+        blocks = list(actions[block_offset(args.start) :].astype(np.uint8))
+    else:
+        blocks = parse_script(args.actions)
+    return blocks[: args.cells] if args.cells else blocks
+
+
+def play(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from gc25d_core.atomic import atomic_write_text
+    from gc25d_core.preview import colorize_ids, side_by_side, write_video
+
+    blocks = script_blocks(args)  # a bad script fails before anything loads
+    session, cfg, what = open_from_args(args)
+    print(f"deploy play: {what}, {len(blocks)} cells", file=sys.stderr)
+    rgb = list(session.start())
+    ids = [session.ids0]
+    cells = []
+    bar = tqdm(blocks, desc="cells", unit="cell", file=sys.stderr)
+    for block in bar:
+        s = session.step(block)
+        rgb += s.out.frames
+        ids.append(s.ids)
+        t = s.out.times
+        cells.append({"cell": s.cell, "key": s.key, "block": s.block.tolist(), **t.as_dict()})
+        bar.set_postfix(
+            denoise=f"{t.denoise + t.commit:.3f}s", decode=f"{t.decode:.3f}s", total=f"{t.total:.3f}s"
+        )
+    rgb += session.runtime.flush()
+    frames, id_frames = np.concatenate(rgb), np.concatenate(ids)
+    scale = 2 if frames.shape[2] < 400 else 1
+    video = side_by_side([frames, colorize_ids(id_frames)], ["rgb", "ids"], scale=scale)
+    path = write_video(args.out, video, fps=16.0)
+    summary = {"video": str(path), "export": what, "frames": int(len(frames)), "cells": cells}
+    atomic_write_text(Path(str(path) + ".json"), json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "cells"}))
+    return summary
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from gc25d_core.deploy.web import create_app
+
+    session, _, what = open_from_args(args)
+    print(f"deploy serve: {what} on http://{args.host}:{args.port}", file=sys.stderr)
+    uvicorn.run(create_app(session), host=args.host, port=args.port, log_level="warning")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gc25d_core.deploy.locate import NoExportError
+    from gc25d_core.models.export import ExportError
+    from gc25d_core.models.loading import WeightsError
+    from gc25d_core.schema import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "play":
+            play(args)
+        else:
+            serve(args)
+    except (NoExportError, ExportError, WeightsError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

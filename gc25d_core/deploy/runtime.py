@@ -1,0 +1,318 @@
+"""The live runtime: a causal export, the text table and the VAE, one latent cell at a time.
+
+    runtime = DeployRuntime.load(export, cfg, options)        # contract checked (load_deploy_model)
+    frames0 = runtime.start(anchor_latent, ids0, key0)         # cell 0: the clean TI2V anchor at t=0
+    out = runtime.step(ids4, key)                              # 4 denoise steps + commit, decode
+
+Per cell the shared 4-step sampler runs (``models.causal.CausalStreamer`` / ``denoise_cell`` /
+``KVCache``: the code stage 3 trains with): the export's recorded denoise axis, sink / window / RoPE
+cap, the commit at t = 0 into the cache; then ``StreamingDecoder`` decodes the cell's 4 frames.
+Noise comes from one generator seeded per session, so a seed and a block sequence give the same
+frames. Options (each measured against this exact path by bench/deploy.py): ``fold_commit`` (the
+commit rides on the next cell's first forward), ``compile`` (torch.compile of the block body),
+``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
+second CUDA stream while cell k + 1 denoises; frames then come out one cell later).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from gc25d_core.models.configs import NUM_SEM_COND_KEYS, NUM_WAN_KEYS_5B, full_config
+from gc25d_core.models.export import ExportError, ExportMeta
+from gc25d_core.schema import Strict
+from gc25d_core.vocab import check_ids
+
+FULL_SIZE_KEYS = NUM_WAN_KEYS_5B + NUM_SEM_COND_KEYS  # 831 (SPEC §6)
+DEPLOY_SPEC = {"sink": 3, "window": 17, "rope_cap": 20}  # SPEC §8 deploy contract
+DEPLOY_STEPS = 4
+
+
+class RuntimeOptions(Strict):
+    seed: int = Field(default=0, description="noise seed of the session")
+    fold_commit: bool = Field(default=False, description="commit cell k inside cell k+1's first forward")
+    compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
+    compile_mode: str | None = Field(
+        default=None,
+        description="torch.compile mode, e.g. reduce-overhead (CUDA graphs of the compiled parts)",
+    )
+    fused_rmsnorm: bool = Field(default=False, description="F.rms_norm for the q/k norms (GPU speed)")
+    decode_dtype: Literal["fp32", "bf16"] = Field(default="fp32", description="VAE decode precision")
+    decode_stream: bool = Field(
+        default=False, description="decode on a second CUDA stream (frames 1 cell later)"
+    )
+    decode: bool = Field(default=True, description="decode frames (off: latents only, e.g. long tests)")
+
+
+def contract_problems(meta: ExportMeta, num_keys: int, *, full_size: bool | None = None) -> list[str]:
+    """What keeps an export from being deployed (SPEC §6 / §8), each naming the field; empty = ok.
+    ``full_size`` (default: the export's config is the 5B one) asks for the 831 keys."""
+    problems: list[str] = []
+    if meta.causal is None or meta.denoise_axis is None:
+        problems.append("causal=false: not a causal export (stage 1/2/3 exports are causal)")
+    else:
+        if len(meta.denoise_axis) != DEPLOY_STEPS:
+            problems.append(
+                f"denoise_axis={list(meta.denoise_axis)}: deploy runs {DEPLOY_STEPS} steps per cell"
+            )
+        for name, want in DEPLOY_SPEC.items():
+            got = getattr(meta.causal, name)
+            if got != want:
+                problems.append(f"{name}={got} (the deploy contract is {want})")
+    full = (
+        meta.dit_config.architecture() == full_config(meta.vocab).architecture()
+        if full_size is None
+        else full_size
+    )
+    if full and num_keys != FULL_SIZE_KEYS:
+        problems.append(f"{num_keys} tensors (a full-size export has {FULL_SIZE_KEYS})")
+    return problems
+
+
+def load_deploy_model(
+    path: Path | str,
+    *,
+    vocab: str | None = None,
+    device: Any = "cpu",
+    dtype: torch.dtype | None = None,
+    expected_sha256: str | None = None,
+    strict_contract: bool = False,
+) -> tuple[Any, ExportMeta]:
+    """The runtime's loader: ``load_gc_weights`` (SHA256, metadata, key set, shapes, bf16), then the
+    causal metadata a session needs and the vocabulary the world renders (``vocab``). With
+    ``strict_contract`` the SPEC §8 numbers (sink 3 / window 17 / cap 20, 4 steps, 831 keys at full
+    size) must hold too. Errors name the file and the field."""
+    from gc25d_core.models.loading import load_gc_weights
+
+    path = Path(path)
+    model: Any
+    model, meta = load_gc_weights(path, device=device, dtype=dtype, expected_sha256=expected_sha256)
+    if meta.causal is None or meta.denoise_axis is None:
+        raise ExportError(f"export {path}: causal=false — deploy needs a causal export (stage 1, 2 or 3)")
+    if vocab is not None and meta.vocab != vocab:
+        raise ExportError(f"export {path}: vocab={meta.vocab!r} but the code world renders {vocab!r} ids")
+    if strict_contract:
+        problems = contract_problems(meta, len(model.state_dict()))
+        if problems:
+            raise ExportError(f"export {path}: not the deploy contract: " + "; ".join(problems))
+    model.eval().requires_grad_(False)
+    model.check_sem_ids = False  # the world's ids are checked on the host, once per cell
+    return model, meta
+
+
+@dataclass
+class CellTimes:
+    """Seconds of one cell's parts (device-synchronised when timing is on)."""
+
+    world: float = 0.0
+    denoise: float = 0.0
+    commit: float = 0.0
+    decode: float = 0.0
+    host: float = 0.0
+    total: float = 0.0
+    forwards: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in self.__dict__.items() if k != "forwards"}
+
+
+@dataclass
+class CellOut:
+    cell: int
+    frames: list[np.ndarray]  # RGB uint8 [T, H, W, 3] decoded this step (cells in order)
+    latent: torch.Tensor  # x0 [1, 48, 1, h, w] of this cell
+    times: CellTimes
+
+
+class _TimedForward:
+    """The model's forward, timed per kind (denoise / commit / fold) when ``sync`` is set."""
+
+    def __init__(self, model: Any, sync: Callable[[], None]):
+        self.model, self.sync = model, sync
+        self.on = False
+        self.times: dict[str, float] = {"denoise": 0.0, "commit": 0.0}
+        self.each: list[float] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.on:
+            return self.model(*args, **kwargs)
+        self.sync()
+        t0 = time.perf_counter()
+        out = self.model(*args, **kwargs)
+        self.sync()
+        dt = time.perf_counter() - t0
+        self.times["commit" if kwargs.get("commit") else "denoise"] += dt
+        self.each.append(dt)
+        return out
+
+
+class DeployRuntime:
+    def __init__(
+        self,
+        model: Any,
+        meta: ExportMeta,
+        table: dict[str, torch.Tensor],
+        vae: Any,
+        options: RuntimeOptions | None = None,
+    ):
+        from gc25d_core.models.causal import CausalStreamer
+        from gc25d_core.models.gcdit import TextContext
+        from gc25d_core.models.vae import StreamingDecoder
+
+        self.options = opts = options or RuntimeOptions()
+        self.model, self.meta = model, meta
+        assert meta.causal is not None and meta.denoise_axis is not None
+        self.spec, self.axis = meta.causal, tuple(meta.denoise_axis)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cuda = self.device.type == "cuda"
+        if opts.fused_rmsnorm:
+            model.use_fused_rmsnorm(True)
+        if opts.compile:
+            model.enable_compile(**({"mode": opts.compile_mode} if opts.compile_mode else {}))
+        # one bank of every prompt for the whole session: its text embedding and each block's
+        # cross-attention K/V are computed once and shared by every cell (TextContext memo)
+        self.keys = sorted(table)
+        self.key_index = {k: i for i, k in enumerate(self.keys)}
+        bank = torch.stack([table[k] for k in self.keys])[None].to(self.device)
+        self.text = TextContext.build(bank, torch.zeros(1, 1, dtype=torch.long))
+        self._key_idx = {k: torch.tensor([[i]], device=self.device) for k, i in self.key_index.items()}
+        self.vae = vae
+        decode_dtype = torch.bfloat16 if opts.decode_dtype == "bf16" else torch.float32
+        if decode_dtype != torch.float32:
+            import copy
+
+            self.vae = copy.deepcopy(vae).to(decode_dtype)
+        self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype)
+        if opts.decode_stream and not self.cuda:
+            raise ValueError("decode_stream needs a CUDA device (a second stream)")
+        self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None
+        self._pending_decode: tuple[torch.Tensor, Any] | None = None
+        self.forward = _TimedForward(model, self.sync)
+        self.streamer = CausalStreamer(
+            model, self.spec, self.axis, forward=self.forward, fold_commit=opts.fold_commit
+        )
+        self.generator = torch.Generator(self.device).manual_seed(opts.seed)
+        self.timing = False
+        self.cell = 0
+
+    # -- pieces ------------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        export: Path | str,
+        table: dict[str, torch.Tensor],
+        vae: Any,
+        *,
+        vocab: str | None = None,
+        device: Any = "cpu",
+        expected_sha256: str | None = None,
+        options: RuntimeOptions | None = None,
+    ) -> DeployRuntime:
+        device = torch.device(device)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model, meta = load_deploy_model(
+            export, vocab=vocab, device=device, dtype=dtype, expected_sha256=expected_sha256
+        )
+        return cls(model, meta, table, vae.to(device), options)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def text_of(self, key: str) -> Any:
+        if key not in self.key_index:
+            raise ValueError(f"prompt key {key!r} is not in the text table ({len(self.keys)} keys)")
+        return self.text.select(self._key_idx[key])
+
+    def _ids(self, ids: np.ndarray | torch.Tensor, frames: int) -> torch.Tensor:
+        a = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+        if a.ndim == 3:
+            a = a[None]
+        if a.ndim != 4 or a.shape[1] != frames:
+            raise ValueError(f"ids of a cell must be uint8 [{frames}, H, W], got {list(a.shape)}")
+        check_ids(a, self.meta.vocab, "cell ids")
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).to(self.device)
+
+    def _decode(self, z: torch.Tensor) -> list[np.ndarray]:
+        """Frames ready now (in cell order): this cell's, or with the side stream the previous one's."""
+        from gc25d_core.models.vae import video_to_frames
+
+        if not self.options.decode:
+            return []
+        if self.decode_stream is None:
+            return [video_to_frames(self.decoder.push(z)[0].clamp_(-1, 1))]
+        out = []
+        if self._pending_decode is not None:
+            out.append(self._resolve())
+        self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.decode_stream):
+            video = self.decoder.push(z)[0].clamp_(-1, 1)
+            done = torch.cuda.Event()
+            done.record(self.decode_stream)
+        z.record_stream(self.decode_stream)
+        self._pending_decode = (video, done)
+        return out
+
+    def _resolve(self) -> np.ndarray:
+        from gc25d_core.models.vae import video_to_frames
+
+        assert self._pending_decode is not None
+        video, done = self._pending_decode
+        done.synchronize()
+        self._pending_decode = None
+        return video_to_frames(video)
+
+    def flush(self) -> list[np.ndarray]:
+        """Frames still in flight on the decode stream (the last cell's)."""
+        return [self._resolve()] if self._pending_decode is not None else []
+
+    # -- the session -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def start(self, anchor: torch.Tensor, ids0: np.ndarray, key0: str) -> list[np.ndarray]:
+        """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
+        if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
+            raise ValueError(f"anchor latent must be [1, 48, 1, h, w], got {list(anchor.shape)}")
+        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype)
+        self._pending_decode = None
+        self.generator.manual_seed(self.options.seed)
+        self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
+        self.cell = 1
+        return self._decode(anchor.to(self.device))
+
+    @torch.no_grad()
+    def step(self, ids4: np.ndarray, key: str, world_s: float = 0.0) -> CellOut:
+        """Denoise + commit the next cell under its 4 frames of ids and its prompt, then decode."""
+        t0 = time.perf_counter()
+        times = CellTimes(world=world_s)
+        self.forward.on = self.timing
+        self.forward.times = {"denoise": 0.0, "commit": 0.0}
+        self.forward.each = []
+        sem, text = self._ids(ids4, 4), self.text_of(key)
+        x0 = self.streamer.step(text, sem, generator=self.generator)
+        self.sync()  # one sync per cell: the live page shows denoise and decode apart
+        t1 = time.perf_counter()
+        frames = self._decode(x0)
+        if self.timing:
+            self.sync()
+        t2 = time.perf_counter()
+        if self.timing:
+            times.denoise, times.commit = self.forward.times["denoise"], self.forward.times["commit"]
+        else:  # forwards not timed one by one: the whole denoise + commit as denoise
+            times.denoise = t1 - t0
+        times.forwards = list(self.forward.each)
+        times.decode = t2 - t1
+        times.total = t2 - t0 + world_s
+        times.host = max(0.0, (t1 - t0) - times.denoise - times.commit) if self.timing else 0.0
+        self.cell += 1
+        return CellOut(self.cell - 1, frames, x0, times)

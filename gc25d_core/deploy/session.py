@@ -1,0 +1,99 @@
+"""A live session: the code world (``world.LiveWorld``) feeding the runtime (``runtime.DeployRuntime``).
+
+    session = open_session(export, cfg, ...)   # export, text table and VAE of a preset, verified
+    frames0 = session.start()                  # anchor: the world's frame 0 render, or an image
+    out = session.step(block)                  # one 0.25 s action block -> that cell's frames + ids
+
+The anchor is encoded by the VAE (fp32, as the latents were) as the clean TI2V cell 0; its ids
+are the world's frame 0. ``step`` validates the block (``text.check_block``: a value out of range
+fails naming the field), advances the world by it, and runs the cell.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gc25d_core.config import Gc25dConfig
+from gc25d_core.deploy.runtime import CellOut, DeployRuntime, RuntimeOptions
+from gc25d_core.deploy.world import LiveWorld, WorldConfig
+
+
+def read_anchor_image(path: Path | str, cfg: Gc25dConfig) -> np.ndarray:
+    """An image file -> RGB uint8 [dst_h, dst_w, 3] (area-resized to the preset's frames)."""
+    import cv2
+
+    path = Path(path)
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError(f"anchor image {path} cannot be read (missing or not an image)")
+    g = cfg.geometry
+    img = cv2.resize(img, (g.dst_width, g.dst_height), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(cv2.cvtColor(img, cv2.COLOR_BGR2RGB))
+
+
+@dataclass
+class StepOut:
+    cell: int
+    block: np.ndarray
+    key: str
+    ids: np.ndarray  # uint8 [4, H, W] the cell's condition
+    out: CellOut
+
+
+class LiveSession:
+    def __init__(
+        self, runtime: DeployRuntime, world: LiveWorld, encoder: Any, anchor_rgb: np.ndarray | None = None
+    ):
+        self.runtime, self.world, self.encoder = runtime, world, encoder
+        self.anchor_rgb = anchor_rgb
+        self.ids0: np.ndarray | None = None
+
+    def start(self) -> list[np.ndarray]:
+        from gc25d_core.models.vae import encode_frames
+
+        rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)
+        anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
+        assert anchor is not None
+        self.anchor_frame = anchor
+        self.ids0 = ids0
+        latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
+        return self.runtime.start(latent, ids0, key0)
+
+    def step(self, block: Any) -> StepOut:
+        t0 = time.perf_counter()
+        block = np.asarray(block)
+        ids4, key = self.world.advance(block)
+        world_s = time.perf_counter() - t0
+        out = self.runtime.step(ids4, key, world_s=world_s)
+        return StepOut(out.cell, block.astype(np.uint8), key, ids4, out)
+
+
+def open_session(
+    export: Path | str,
+    cfg: Gc25dConfig,
+    *,
+    world: WorldConfig | None = None,
+    options: RuntimeOptions | None = None,
+    anchor_image: Path | str | None = None,
+    device: str | torch.device | None = None,
+    expected_sha256: str | None = None,
+) -> LiveSession:
+    """The session of a preset: its text table, its VAE (weights verified), the export."""
+    from gc25d_core.preprocess.latents import build_vae_for
+    from gc25d_core.train.config import DataConfig
+    from gc25d_core.train.data import load_text_table
+
+    dev = torch.device(device or ("cuda" if cfg.device == "cuda" and torch.cuda.is_available() else "cpu"))
+    vae = build_vae_for(cfg, dev)
+    table = load_text_table(cfg, DataConfig())
+    runtime = DeployRuntime.load(
+        export, table, vae, vocab=cfg.vocab, device=dev, expected_sha256=expected_sha256, options=options
+    )
+    anchor = read_anchor_image(anchor_image, cfg) if anchor_image is not None else None
+    return LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry), vae, anchor)

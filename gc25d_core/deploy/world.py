@@ -1,0 +1,176 @@
+"""The inference-time code world (SPEC §3): a live run stepped by the player's action blocks.
+
+``LiveWorld.reset()`` makes frame 0 (the anchor: its RGB render and ids); ``advance(block)`` steps
+the 4 frames of the next cell under ``block`` (uint8 [5], text.py format) through the code world's
+own dynamics (``codeworld.sim.RunStepper``: the player follows the block, the boss its AI) and
+returns their "parts" ids and the cell's prompt key. Ids per frame: the static semantic layer
+(ray cast against the scene on the destination grid, exactly the pixels ``resample_ids`` samples)
+with the characters drawn over it by ``capsules.render_capsules`` (occluded by the scene's depth).
+
+Unseen world = UNKNOWN (255), as the extension canvas and the UNKNOWN masking of training mark it:
+a static pixel is known only if its surface point (world x, y on a ``seen_cell_cm`` grid) was
+visible in a frame of an earlier cell (the anchor counts: its view is what the model was given).
+What a cell reveals for the first time is the model's to invent; from the next cell on it carries
+the world's ids. Sky (content at infinity, in the anchor's view) is always known; characters are
+never masked (as in training).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import Field
+
+from gc25d_core.capsules import render_capsules
+from gc25d_core.codeworld.camera import CAMERA_VARIANTS, camera_matrices
+from gc25d_core.codeworld.presets import stable_seed
+from gc25d_core.codeworld.render import render_frame
+from gc25d_core.codeworld.scene import GROUND_EXTENT_CM, GridRays, StaticScene, build_scene, render_static
+from gc25d_core.codeworld.shade import STYLES
+from gc25d_core.codeworld.sim import FrameState, LookSpan, RunSpec, RunStepper
+from gc25d_core.config import GeometryConfig
+from gc25d_core.geometry import index_maps, resample_rgb
+from gc25d_core.schema import Strict
+from gc25d_core.text import block_to_key, check_block
+from gc25d_core.vocab import NUM_STATIC, UNKNOWN, check_ids
+
+FRAMES_PER_CELL = 4
+SKY = -2  # seen-grid cell of a pixel without a static surface (always known)
+_LIVE_FRAMES = 10**9  # a live run has no end; the spec needs a length
+
+
+class WorldConfig(Strict):
+    """Which code world the session plays in (deterministic given the fields)."""
+
+    scene: str = Field(default="ashen_keep", description="scene name (seeds the layout)")
+    seed: int = Field(default=0, description="seed of the fight (spawn, boss AI) and the set dressing")
+    style: str = Field(default="real", description=f"RGB style of the anchor render: {sorted(STYLES)}")
+    camera: str = Field(default="tp_default", description=f"camera variant: {sorted(CAMERA_VARIANTS)}")
+    framed: bool = Field(default=False, description="P9-style lagging, drifting camera aim")
+    seen_cell_cm: float = Field(default=100.0, gt=0, description="grid of the seen-world memory")
+
+    def run_spec(self) -> RunSpec:
+        if self.style not in STYLES:
+            raise ValueError(f"world.style={self.style!r} is not one of {sorted(STYLES)}")
+        if self.camera not in CAMERA_VARIANTS:
+            raise ValueError(f"world.camera={self.camera!r} is not one of {sorted(CAMERA_VARIANTS)}")
+        return RunSpec(
+            subset="live",
+            scene=self.scene,
+            run=f"live_s{self.seed}",
+            num_frames=_LIVE_FRAMES,
+            seed=stable_seed(self.seed, "live", self.scene),
+            scene_seed=stable_seed(self.seed, self.scene),
+            style=self.style,
+            framed=self.framed,
+            cameras=((0, self.camera),),
+            looks=(LookSpan(0, "live", stable_seed(self.seed, self.scene, "look")),),
+        )
+
+
+class SeenMemory:
+    """Which world cells (x, y on a square grid) some earlier frame showed."""
+
+    def __init__(self, cell_cm: float, extent_cm: float = GROUND_EXTENT_CM):
+        self.cell_cm, self.extent_cm = cell_cm, extent_cm
+        self.n = int(np.ceil(2 * extent_cm / cell_cm))
+        self.seen = np.zeros((self.n, self.n), bool)
+
+    def cells_of(self, xy: np.ndarray) -> np.ndarray:
+        """Flat grid index per point [..., 2] (-1 outside the grid or not finite)."""
+        with np.errstate(invalid="ignore"):
+            ij = np.floor((xy + self.extent_cm) / self.cell_cm)
+        ok = np.asarray(np.isfinite(ij).all(-1) & (ij >= 0).all(-1) & (ij < self.n).all(-1))
+        ij = np.where(ok[..., None], ij, 0).astype(np.int64)
+        return np.where(ok, ij[..., 0] * self.n + ij[..., 1], -1)
+
+    def known(self, cells: np.ndarray) -> np.ndarray:
+        return (cells >= 0) & self.seen.reshape(-1)[np.maximum(cells, 0)]
+
+    def mark(self, cells: np.ndarray) -> None:
+        self.seen.reshape(-1)[cells[cells >= 0]] = True
+
+
+class LiveWorld:
+    def __init__(self, cfg: WorldConfig, geometry: GeometryConfig):
+        self.cfg, self.geometry = cfg, geometry
+        self.spec = cfg.run_spec()
+        self._scenes: dict[int, StaticScene] = {}
+        self.stepper: RunStepper | None = None
+        self.memory = SeenMemory(cfg.seen_cell_cm)
+        self.frames = 0
+        self.last_state: FrameState | None = None
+
+    def scene_of(self, look: LookSpan) -> StaticScene:
+        if look.seed not in self._scenes:
+            self._scenes[look.seed] = build_scene(self.spec.scene_seed, look.seed)
+        return self._scenes[look.seed]
+
+    # -- rendering ---------------------------------------------------------------------------------
+
+    def render_ids(self, state: FrameState) -> tuple[np.ndarray, np.ndarray]:
+        """(unmasked parts ids uint8 [H, W], the seen-grid cell of each pixel's static surface:
+        ``SKY`` where there is none, -1 off the grid — never known)."""
+        g = self.geometry
+        cam = camera_matrices(state.camera, g.src_width, g.src_height)
+        idx_y, idx_x = index_maps(g)
+        rays = GridRays.build(
+            idx_x.astype(np.float64),
+            idx_y.astype(np.float64),
+            cam.world_to_clip,
+            cam.world_to_view,
+            g.src_width,
+            g.src_height,
+        )
+        static = render_static(self.scene_of(state.look), rays)
+        finite = np.isfinite(static.t)
+        points = rays.origin + np.where(finite, static.t, 0.0)[..., None] * rays.direction
+        cells = np.where(finite, self.memory.cells_of(points[..., :2]), SKY)
+        ids = render_capsules(
+            state.capsules, cam.world_to_clip, cam.world_to_view, static.cls, g, background_depth=static.t
+        )
+        return ids, cells
+
+    def render_rgb(self, state: FrameState) -> np.ndarray:
+        """The frame's RGB at the destination geometry (source render, then crop + resize)."""
+        g = self.geometry
+        texture_seed = stable_seed(self.spec.scene_seed, "texture")
+        img = render_frame(
+            self.scene_of(state.look), state, g.src_width, g.src_height, self.spec.style, texture_seed
+        )
+        return resample_rgb(img.rgb, g)
+
+    # -- stepping ----------------------------------------------------------------------------------
+
+    def reset(self, with_rgb: bool = True) -> tuple[np.ndarray | None, np.ndarray, str]:
+        """Frame 0: (its RGB uint8 [H, W, 3] or None, its ids uint8 [1, H, W] all known, the prompt
+        key of cell 0 — idle, the action of no block)."""
+        self.stepper = RunStepper(self.spec, self.scene_of)
+        self.memory = SeenMemory(self.cfg.seen_cell_cm)
+        idle = np.zeros(5, np.uint8)
+        state = self.stepper.frame(idle)
+        ids, cells = self.render_ids(state)
+        self.memory.mark(cells)
+        self.frames, self.last_state = 1, state
+        rgb = self.render_rgb(state) if with_rgb else None
+        return rgb, ids[None], block_to_key(idle)
+
+    def advance(self, block: np.ndarray) -> tuple[np.ndarray, str]:
+        """The next cell under ``block``: (its 4 frames of ids uint8 [4, H, W], its prompt key)."""
+        if self.stepper is None:
+            raise RuntimeError("LiveWorld.advance before reset()")
+        block = check_block(block).astype(np.uint8)
+        out, seen_now = [], []
+        for _ in range(FRAMES_PER_CELL):
+            state = self.stepper.frame(block)
+            ids, cells = self.render_ids(state)
+            # only static pixels are masked: characters drawn over the scene keep their parts
+            unseen = (ids < NUM_STATIC) & (cells != SKY) & ~self.memory.known(cells)
+            out.append(np.where(unseen, np.uint8(UNKNOWN), ids).astype(np.uint8))
+            seen_now.append(cells)
+            self.last_state = state
+        for cells in seen_now:  # known from the next cell on
+            self.memory.mark(cells)
+        self.frames += FRAMES_PER_CELL
+        ids4 = np.stack(out)
+        check_ids(ids4, "parts", "code world ids")
+        return ids4, block_to_key(block)

@@ -1,0 +1,74 @@
+"""The CLI: a scripted play writes an MP4 (RGB | ids) that decodes back to 1 + 4 * cells frames,
+with its per-cell timings; the default export is the newest causal hand-off; errors name the cause."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gc25d_core.deploy.actions import keys_to_block, parse_script
+from gc25d_core.deploy.cli import main
+from gc25d_core.deploy.locate import NoExportError, newest_causal_export
+from gc25d_core.preview import video_info
+
+
+def test_play_writes_an_mp4_of_the_expected_frames(tiny_export, deploy_cfg, tmp_path, capsys):
+    out = tmp_path / "play.mp4"
+    runs = str(deploy_cfg.paths.runs_root)
+    argv = ["play", "--export", str(tiny_export), "--actions", "fwd*2,run_right,light", "--out", str(out)]
+    argv += ["--set", f"paths.runs_root={runs}", "--set", "vae.fit.enabled=false", "--device", "cpu"]
+    assert main(argv) == 0
+    info = video_info(out)
+    g = deploy_cfg.geometry
+    assert info["frames"] == 1 + 4 * 4
+    assert (info["width"], info["height"]) == (2 * 2 * g.dst_width, 2 * g.dst_height)  # rgb | ids, x2
+    summary = json.loads((tmp_path / "play.mp4.json").read_text())
+    assert [c["key"] for c in summary["cells"]] == [
+        "walk_forward",
+        "walk_forward",
+        "run_right",
+        "light_attack",
+    ]
+    assert all(c["denoise"] >= 0 and c["decode"] > 0 and c["total"] > 0 for c in summary["cells"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["frames"] == 17
+
+
+def test_cli_errors_name_the_cause(tmp_path, capsys):
+    argv = ["play", "--set", f"paths.runs_root={tmp_path / 'runs'}", "--device", "cpu"]
+    assert main(argv) == 2
+    assert "no causal export under" in capsys.readouterr().err
+    assert main([*argv, "--actions", "fwd*2,moonwalk"]) == 2
+    assert "unknown action 'moonwalk'" in capsys.readouterr().err
+    assert main([*argv, "--actions", "9.0.0.0.0"]) == 2
+    assert "field move=9" in capsys.readouterr().err
+
+
+def test_newest_causal_export_prefers_later_stages(tmp_path, tiny_export):
+    from gc25d_core.train.handoff import handoff_of, write_handoff_file
+
+    with pytest.raises(NoExportError, match="stage1_tf"):
+        newest_causal_export(tmp_path)
+    (tmp_path / "stage1_tf" / "v000001").mkdir(parents=True)
+    write_handoff_file(tmp_path / "stage1_tf/v000001/final.json", handoff_of("stage1_tf", 5, tiny_export))
+    assert newest_causal_export(tmp_path).source == "stage1_tf/v000001 (export)"
+    (tmp_path / "stage3_dmd" / "v000001").mkdir(parents=True)
+    write_handoff_file(
+        tmp_path / "stage3_dmd/v000001/final.json", handoff_of("stage3_dmd", 5, tiny_export, tiny_export)
+    )
+    found = newest_causal_export(tmp_path)
+    assert found.source == "stage3_dmd/v000001 (ema)" and found.path == tiny_export.resolve()
+
+
+def test_scripts_and_keys_to_blocks():
+    assert [b.tolist() for b in parse_script("fwd*2,run_left,0.0.2.0.0")] == [
+        [1, 0, 0, 0, 0],
+        [1, 0, 0, 0, 0],
+        [3, 1, 0, 0, 0],
+        [0, 0, 2, 0, 0],
+    ]
+    assert keys_to_block(["w", "d", "shift"]).tolist() == [6, 1, 0, 0, 0]
+    assert keys_to_block(["s", "a"]).tolist() == [7, 0, 0, 0, 0]
+    assert keys_to_block(["j", " ", "x"]).tolist() == [0, 0, 1, 0, 1]
+    assert keys_to_block([]).dtype == np.uint8

@@ -1,0 +1,97 @@
+"""The deploy export: the SPEC §6 file with its causal metadata and init chain, and the Dagster
+asset that writes it between stage 3 and eval, with its contract check through the runtime loader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+
+from gc25d_core.deploy.export import write_deploy_export
+from gc25d_core.deploy.runtime import FULL_SIZE_KEYS, contract_problems, load_deploy_model
+from gc25d_core.hashing import sha256_file
+from gc25d_core.models.export import read_export
+from gc25d_core.train.handoff import handoff_of, read_handoff, write_handoff_file
+from tests.deploy.conftest import write_tiny_export
+
+
+def _chain(tmp_path: Path) -> Path:
+    s1 = write_tiny_export(tmp_path / "s1.safetensors", stage="stage1_tf")
+    s2 = write_tiny_export(
+        tmp_path / "s2.safetensors",
+        stage="stage2_cd",
+        init_ckpt=json.dumps({"path": str(s1), "sha256": sha256_file(s1)}),
+    )
+    return write_tiny_export(
+        tmp_path / "s3.safetensors",
+        stage="stage3_dmd",
+        init_ckpt=json.dumps({"path": str(s2), "sha256": sha256_file(s2)}),
+    )
+
+
+def test_deploy_export_keeps_the_causal_metadata_and_the_init_chain(tmp_path):
+    s3 = _chain(tmp_path)
+    summary = write_deploy_export(s3, tmp_path / "deploy.safetensors", expected_sha256=sha256_file(s3))
+    sd, meta = read_export(tmp_path / "deploy.safetensors")
+    src, _ = read_export(s3)
+    assert set(sd) == set(src) and all(v.dtype == src[k].dtype for k, v in sd.items())
+    assert meta.causal is not None and (meta.causal.sink, meta.causal.window, meta.causal.rope_cap) == (
+        3,
+        17,
+        20,
+    )
+    assert len(meta.denoise_axis or ()) == 4 and meta.vocab == "parts" and meta.data == "v10"
+    chain = json.loads(meta.extra["init_chain"])
+    assert (
+        [c["stage"] for c in chain]
+        == ["stage2_cd", "stage1_tf"]
+        == [c["stage"] for c in summary["init_chain"]]
+    )
+    assert json.loads(meta.extra["deploy_source"])["sha256"] == sha256_file(s3)
+    model, m = load_deploy_model(tmp_path / "deploy.safetensors", vocab="parts", strict_contract=False)
+    assert contract_problems(m, len(model.state_dict())) == []  # tiny: no 831-key rule
+
+
+def test_contract_names_what_is_off(tmp_path):
+    _, meta = read_export(write_tiny_export(tmp_path / "a.safetensors"))
+    assert any(
+        f"a full-size export has {FULL_SIZE_KEYS}" in p for p in contract_problems(meta, 830, full_size=True)
+    )
+    off = meta.model_copy(
+        update={"causal": meta.causal.model_copy(update={"window": 9}), "denoise_axis": (1000.0,)}
+    )
+    problems = contract_problems(off, 10)
+    assert any("window=9" in p for p in problems) and any("4 steps" in p for p in problems)
+
+
+def test_deploy_export_asset_and_its_check(tmp_path):
+    from gc25d_pipeline.defs.deploy.assets import deploy_export
+    from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+
+    s3 = _chain(tmp_path)
+    run = tmp_path / "runs" / "stage3_dmd" / "v000001"
+    run.mkdir(parents=True)
+    write_handoff_file(run / "final.json", handoff_of("stage3_dmd", 5, s3, s3))
+    project = Gc25dProject(preset="tiny", store=ArtifactStore(runs_root=str(tmp_path / "runs")))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
+        result = dg.materialize(
+            [deploy_export], partition_key="v000001", instance=instance, resources={"project": project}
+        )
+    assert result.success
+    checks = result.get_asset_check_evaluations()
+    assert [(c.check_name, c.passed) for c in checks] == [("deploy_contract", True)]
+    out = tmp_path / "runs" / "deploy_export" / "v000001"
+    handoff = read_handoff(out / "final.json")
+    assert handoff.stage == "deploy" and handoff.export == (out / "deploy.safetensors").resolve()
+    mat = result.asset_materializations_for_node("deploy_export")[0]
+    assert mat.metadata["sha256"].value == handoff.sha256
+
+
+def test_deploy_export_sits_between_stage3_and_eval():
+    from gc25d_pipeline.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    assert dg.AssetKey("stage3_dmd") in graph.get(dg.AssetKey("deploy_export")).parent_keys
+    assert dg.AssetKey("deploy_export") in graph.get(dg.AssetKey("eval")).parent_keys

@@ -1,0 +1,65 @@
+"""Deploy's folded commit: one forward over [clean cell k | noisy cell k + 1] gives the same outputs
+and the same cache as the separate commit forward, beyond the RoPE cap and the window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gc25d_core.compat import import_diffsynth
+
+import_diffsynth()
+
+from gc25d_core.flow import DEPLOY_AXIS  # noqa: E402
+from gc25d_core.models.causal import CausalStreamer  # noqa: E402
+from gc25d_core.models.configs import DEPLOY_CAUSAL, CausalConfig  # noqa: E402
+from gc25d_core.models.gcdit import TextContext  # noqa: E402
+from gc25d_core.models.sem_cond import cell_frame_slice  # noqa: E402
+from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, make_model, random_ids  # noqa: E402
+
+
+def _rollout(model, spec, num_cells: int, fold: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g)
+    bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g)
+    index = torch.randint(0, 5, (1, num_cells), generator=g)
+    ids = random_ids(1 + 4 * (num_cells - 1), seed)
+    text = TextContext.build(bank, index)
+    streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, fold_commit=fold)
+    with torch.no_grad():
+        streamer.start(anchor, text.select(index[:, :1]), ids[:, cell_frame_slice(0)])
+        gen = torch.Generator().manual_seed(seed + 1)
+        out = [
+            streamer.step(text.select(index[:, c : c + 1]), ids[:, cell_frame_slice(c)], generator=gen)
+            for c in range(1, num_cells)
+        ]
+        if fold:  # the last cell's commit is still pending: run it as a plain commit
+            p = streamer.pending
+            assert p is not None and p.cell == num_cells - 1
+            model(p.x0, 0.0, p.text, p.sem_ids, mode="kv", cell=p.cell, cache=streamer.cache, commit=True)
+    return torch.cat(out, dim=2), streamer.cache
+
+
+@pytest.mark.parametrize(
+    "spec", [DEPLOY_CAUSAL, CausalConfig(sink=1, window=3, rope_cap=4)], ids=["deploy", "small_window"]
+)
+def test_folded_commit_equals_the_separate_commit(spec):
+    model = make_model(seed=0)
+    cells = 26  # past the RoPE cap (20) and a full window (sink 3 + 17)
+    ref, ref_cache = _rollout(model, spec, cells, fold=False)
+    got, cache = _rollout(model, spec, cells, fold=True)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert cache.cells == ref_cache.cells
+    for a, b in zip(cache.k + cache.v, ref_cache.k + ref_cache.v, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_refuses_grad_and_a_wrong_cell():
+    from gc25d_core.models.causal import FoldedCommit, denoise_cell
+
+    model = make_model(seed=0)
+    cache = model.new_kv_cache(DEPLOY_CAUSAL, LATENT_HW)
+    x = torch.zeros(1, 48, 1, *LATENT_HW)
+    text = TextContext.build(torch.zeros(1, TEXT_LEN, TEXT_DIM))
+    with pytest.raises(ValueError, match="previous cell"):
+        denoise_cell(model, cache, 3, x, (1000.0,), text=text, fold=FoldedCommit(1, x, text, None))

@@ -1,0 +1,117 @@
+"""The web page in a real headless Chromium (Debian's chromium + chromedriver, selenium) on the
+tiny models: frames arrive, they change with the keys held, and the per-cell latency is shown.
+A failure saves a screenshot under $GC25D_TEST_ARTIFACTS (default: the test's tmp dir)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+selenium = pytest.importorskip("selenium")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs chromium and chromium-driver")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tiny_export, deploy_cfg):
+    import uvicorn
+
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+    from gc25d_core.deploy.web import create_app
+
+    session = open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu")
+    port = _free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(create_app(session), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}/"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1200,800",
+    ):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def _wait(cond, timeout=30.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, request):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    by_id = lambda i: browser.find_element("id", i)  # noqa: E731
+    try:
+        browser.get(server)
+        _wait(lambda: by_id("status").text == "live", what="the WebSocket")
+        _wait(lambda: int(by_id("cell").text) >= 2, what="the first cells")
+        src = _wait(lambda: by_id("rgb").get_attribute("src"), what="a frame on the page")
+        assert src.startswith("data:image/jpeg;base64,")
+        assert by_id("ids").get_attribute("src").startswith("data:image/png;base64,")
+        assert by_id("key").text == "idle"  # nothing held
+        frames = set()
+        for _ in range(8):  # the picture keeps moving at 16 fps
+            frames.add(by_id("rgb").get_attribute("src"))
+            time.sleep(0.07)
+        assert len(frames) >= 3
+
+        ActionChains(browser).key_down("d").perform()
+        _wait(lambda: by_id("key").text == "walk_right", what="the held key to reach the world")
+        cell = int(by_id("cell").text)
+        _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells under the held key")
+        ActionChains(browser).key_up("d").key_down("j").perform()
+        _wait(lambda: by_id("key").text == "light_attack", what="the attack key")
+        ActionChains(browser).key_up("j").perform()
+        _wait(lambda: by_id("key").text == "idle", what="the keys released")
+
+        latency, denoise, decode = (float(by_id(i).text) for i in ("latency", "denoise", "decode"))
+        assert latency > 0 and denoise > 0 and decode > 0 and latency >= denoise
+        _wait(lambda: float(by_id("fps").text) > 0, what="the live fps")
+        assert by_id("status").text == "live"
+    except BaseException:
+        artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(artifacts / f"{request.node.name}.png"))
+        raise
