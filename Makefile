@@ -22,17 +22,20 @@ setup:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
 
-# Materialize the whole graph that exists so far on the embedded default (tiny preset, CPU):
-# the unpartitioned chain up to a published training-cache snapshot, then that snapshot's partition
-# (deep verification → SFT teacher → §10 pick), which the sensor / an operator would launch; then the
-# teacher's validation figures (how far cond is below uncond at t=500 / 800).
+# Materialize the whole graph on the embedded default (tiny preset, CPU): the unpartitioned chain up
+# to a published training-cache snapshot, then that snapshot's partition, which the sensors launch
+# in a deployment: deep verification → SFT teacher → §10 pick → stage 1 → stage 2 → stage 3 → deploy
+# export → eval. Prints the teacher's validation figures (cond vs uncond at t=500 / 800) and the
+# eval table across the chain.
+CHAIN := cache_snapshot,sft,sft_teacher,stage1_tf,stage2_cd,stage3_dmd,deploy_export,eval
 run:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster job execute -m gc25d_pipeline.definitions -j full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select cache_snapshot,sft,sft_teacher --partition $$snap && \
-	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
+	  --select $(CHAIN) --partition $$snap && \
+	$(PY) -m gc25d_pipeline.cli learning-signal $$snap && \
+	$(PY) -m gc25d_pipeline.cli eval-table $$snap
 
 # SFT teacher + pick on the newest snapshot only (tiny preset: 500 steps on 2 CPU ranks), then its
 # validation figures (cond vs uncond).

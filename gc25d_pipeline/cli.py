@@ -5,7 +5,10 @@ snapshot (what the sensor does) and print the newest.
 
 ``python -m gc25d_pipeline.cli learning-signal [SNAPSHOT]``: the SFT teacher's validation on that
 snapshot (default the newest): cond / uncond / null-text MSE per validation step and t, and how
-far cond is below uncond at the last validation (what ``make run`` prints at its end).
+far cond is below uncond at the last validation (what ``make run`` prints).
+
+``python -m gc25d_pipeline.cli eval-table [SNAPSHOT]``: the eval asset's comparison table across the
+chain's exports on that snapshot (what ``make run`` prints at its end).
 """
 
 import argparse
@@ -35,12 +38,9 @@ def learning_signal(snapshot: str | None = None) -> int:
     from gc25d_core.train.previews import learning_signal_report
 
     cfg = default_project().config()
+    snapshot = snapshot or _newest_snapshot(cfg)
     if snapshot is None:
-        keys = [snapshot_id(v) for v in list_versions(open_cache_store(cfg))]
-        if not keys:
-            print("no snapshot published yet", file=sys.stderr)
-            return 1
-        snapshot = keys[-1]
+        return 1
     run_dir = Path(cfg.paths.runs_root) / "sft" / snapshot
     report = learning_signal_report(run_dir)
     if report is None:
@@ -50,13 +50,40 @@ def learning_signal(snapshot: str | None = None) -> int:
     return 0
 
 
+def eval_table(snapshot: str | None = None) -> int:
+    """The eval asset's comparison table (table.md of its run folder) for ``snapshot``."""
+    cfg = default_project().config()
+    snapshot = snapshot or _newest_snapshot(cfg)
+    if snapshot is None:
+        return 1
+    table = Path(cfg.paths.runs_root) / "eval" / snapshot / "table.md"
+    if not table.is_file():
+        print(f"{table}: not written yet (materialize eval for {snapshot})", file=sys.stderr)
+        return 1
+    print(f"eval of snapshot {snapshot} ({table.parent / 'report.md'})")
+    print(table.read_text())
+    return 0
+
+
+def _newest_snapshot(cfg) -> str | None:
+    keys = [snapshot_id(v) for v in list_versions(open_cache_store(cfg))]
+    if not keys:
+        print("no snapshot published yet", file=sys.stderr)
+        return None
+    return keys[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gc25d_pipeline.cli")
-    ap.add_argument("command", choices=["sync-snapshots", "learning-signal"])
-    ap.add_argument("snapshot", nargs="?", default=None, help="learning-signal: a snapshot id (vNNNNNN)")
+    ap.add_argument("command", choices=["sync-snapshots", "learning-signal", "eval-table"])
+    ap.add_argument(
+        "snapshot", nargs="?", default=None, help="learning-signal / eval-table: a snapshot id (default: newest)"
+    )
     args = ap.parse_args(argv)
     if args.command == "learning-signal":
         return learning_signal(args.snapshot)
+    if args.command == "eval-table":
+        return eval_table(args.snapshot)
     with dg.DagsterInstance.get() as instance:
         keys = sync_snapshots(instance)
     if not keys:
