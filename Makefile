@@ -2,6 +2,8 @@
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip
+# dg (dagster-dg-cli) reads the project from pyproject.toml's [tool.dg]
+DG        := $(VENV)/bin/dg
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # deepspeed JIT-compiles a small C++ op on first CPU use; keep the build cache in the repo
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
@@ -16,35 +18,30 @@ setup:
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e '.[dev,scaleout]'
-	# dagster-postgres 0.29.28 (the match of dagster 1.13.28) is not published; 0.29.27 pins
-	# dagster 1.13.27, so it comes without its pins (pyproject.toml, extra scaleout)
-	$(PIP) install -q --no-deps dagster-postgres==0.29.27
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
 
 # Materialize the whole graph that exists so far on the embedded default (tiny preset, CPU):
 # the unpartitioned chain up to a published training-cache snapshot, then that snapshot's partition
 # (deep verification → SFT teacher → §10 pick), which the sensor / an operator would launch.
 run:
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/dagster job execute -m gc25d_pipeline.definitions -j full_chain
+	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
+	$(DG) launch --job full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
-	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select cache_snapshot,sft,sft_teacher --partition $$snap
+	$(DG) launch --assets cache_snapshot,sft,sft_teacher --partition $$snap
 
 # SFT teacher + pick on the newest snapshot only (tiny preset: 40 steps on 2 CPU ranks).
 sft:
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
-	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select sft,sft_teacher --partition $$snap
+	$(DG) launch --assets sft,sft_teacher --partition $$snap
 
 # The UI (webserver + daemon) on http://127.0.0.1:3000
 dev:
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
+	$(DG) dev -h 127.0.0.1 -p 3000
 
 validate:
-	$(VENV)/bin/dagster definitions validate -m gc25d_pipeline.definitions
+	$(DG) check defs
 
 # Real local services for the scale-out tests (Slurm, PostgreSQL); as root, idempotent.
 services:
