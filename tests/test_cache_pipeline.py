@@ -150,15 +150,9 @@ def test_snapshot_partition_is_verified_and_corruption_fails(project, tmp_path):
         assert "v000001 failed verification" in failure.event_specific_data.error.message
 
 
-def test_sensor_records_the_manifest_observation(project):
-    training_cache(dg.build_asset_context(), project=project)
-    with dg.instance_for_test() as instance:
-        result = _tick(instance, project, None)
-        obs = result.asset_events[0]
-        assert (
-            obs.asset_key == dg.AssetKey("dataset_manifest") and obs.tags["dagster/data_version"] == "v000001"
-        )
-        assert json.loads(json.dumps(obs.metadata["snapshot"].value)) == "v000001"
+def test_snapshots_hang_off_the_publisher_in_the_lineage():
+    """training_cache → cache_snapshot: the edge the UI shows is the one runs are ordered by."""
+    assert cache_snapshot.asset_deps[cache_snapshot.key] == {training_cache.key}
 
 
 def test_cli_sync_snapshots_registers_every_published_snapshot(project, monkeypatch):

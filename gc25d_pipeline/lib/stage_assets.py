@@ -21,7 +21,6 @@ from typing import Any, Literal, NamedTuple
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.cache.manifest import parse_snapshot_id
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
@@ -30,6 +29,7 @@ from gc25d_core.train.presets import STAGES, with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
+from gc25d_pipeline.lib.snapshots import published_snapshot
 
 # Definition metadata naming the run folder (under the runs root) an asset's files live in: a stage
 # asset's own name, or for sft_teacher the folder of the sft run it picks from. init_from reads it
@@ -74,16 +74,6 @@ def run_folder_of(asset: dg.AssetsDefinition) -> str:
             "folder a hand-off file could be read from (build it with stage_asset, or declare it)"
         )
     return folder
-
-
-def manifest_version_of(partition_key: str) -> int:
-    """ "v000123" → 123; a key that is not a snapshot id fails without retries (a retry cannot fix it)."""
-    version = parse_snapshot_id(partition_key)
-    if version is None:
-        raise dg.Failure(
-            f"partition key {partition_key!r} is not a snapshot id like v000123", allow_retries=False
-        )
-    return version
 
 
 def handoff_path(
@@ -185,7 +175,9 @@ def stage_asset(
         torchrun: JobLauncher,
     ) -> dg.MaterializeResult:
         base = project.config()
-        overrides: dict[str, Any] = {"data": {"manifest_version": manifest_version_of(context.partition_key)}}
+        # checked before launch: a partition without its snapshot cannot train, on any retry
+        version = published_snapshot(base, context.partition_key)
+        overrides: dict[str, Any] = {"data": {"manifest_version": version}}
         handoffs = {}
         for field, source in sources.items():
             handoffs[field] = handoff_path(project, base, source, context)

@@ -18,7 +18,8 @@ from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
 from gc25d_pipeline.lib.clip_jobs import png_markdown
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.stage_assets import manifest_version_of, run_folder_of
+from gc25d_pipeline.lib.snapshots import published_snapshot
+from gc25d_pipeline.lib.stage_assets import run_folder_of
 
 
 class EvalSource(NamedTuple):
@@ -83,8 +84,8 @@ def eval_asset(
     from gc25d_core.eval.report import write_reports
     from gc25d_core.train.model import pick_device
 
-    version = manifest_version_of(context.partition_key)
     cfg = project.config()
+    version = published_snapshot(cfg, context.partition_key)
     exports, skipped = available_exports(project, context)
     for line in skipped:
         context.log.info(f"not evaluated (not produced yet): {line}")
