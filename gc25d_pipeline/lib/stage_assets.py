@@ -25,8 +25,11 @@ from gc25d_core.config import Gc25dConfig
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
 from gc25d_core.train.handoff import read_handoff
+from gc25d_core.train.loop import TENSORBOARD_DIR
+from gc25d_core.train.metrics import JsonlLog, curves_png
 from gc25d_core.train.presets import STAGES, with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.clip_jobs import png_markdown
 from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.snapshots import published_snapshot
@@ -195,19 +198,26 @@ def stage_asset(
             ["--fresh"] if config.fresh else []
         )
         mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
-        if not handoffs:
-            return mat
-        # the launch's summary, and which hand-off files this run started from
-        launched = {
-            **(mat.metadata or {}),
-            **{
-                "init_handoff" if f == "model" else f"{f}_handoff": dg.MetadataValue.path(str(p))
-                for f, p in handoffs.items()
-            },
-        }
+        # the launch's summary, the run's curves, and which hand-off files this run started from
+        launched = {**(mat.metadata or {}), **curves_metadata(run_dir)}
+        for f, p in handoffs.items():
+            launched["init_handoff" if f == "model" else f"{f}_handoff"] = dg.MetadataValue.path(str(p))
         return dg.MaterializeResult(metadata=launched, data_version=mat.data_version)
 
     return _asset
+
+
+def curves_metadata(run_dir: Path) -> dict[str, Any]:
+    """The run's curves as a PNG (gc25d_core.train.metrics.curves_png) and where its TensorBoard
+    event files are (``tensorboard --logdir`` on that folder or any folder above it)."""
+    train = JsonlLog(run_dir / "metrics.jsonl", enabled=False).records()
+    val = JsonlLog(run_dir / "val.jsonl", enabled=False).records()
+    md: dict[str, Any] = {}
+    if (png := curves_png(train, val)) is not None:
+        md["curves"] = png_markdown(png, "training curves")
+    if (run_dir / TENSORBOARD_DIR).is_dir():
+        md["tensorboard"] = dg.MetadataValue.path(str(run_dir / TENSORBOARD_DIR))
+    return md
 
 
 def _key_of(dep: dg.AssetsDefinition | str) -> dg.AssetKey:

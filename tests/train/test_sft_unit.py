@@ -184,6 +184,15 @@ def test_ti2v_inputs_and_loss_mask(world):
     assert cell_mse(pred, target).item() == pytest.approx(1 / 20)
 
 
+def tb_scalars(run_dir, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of one TensorBoard scalar as TensorBoard reads the run's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, round(e.value, 6)) for e in acc.Scalars(tag)]
+
+
 def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     sft = {
         "engine": "torch",
@@ -207,6 +216,10 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         return [{k: json.loads(x)[k] for k in CURVE_KEYS} for x in lines]
 
     assert curve("full") == curve("part")
+    # the TensorBoard curves of the resumed run: each step once, the same values as the full run
+    assert tb_scalars(tmp_path / "part", "train/loss") == tb_scalars(tmp_path / "full", "train/loss")
+    assert [s for s, _ in tb_scalars(tmp_path / "part", "train/loss")] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in tb_scalars(tmp_path / "part", "val/cond_mse")] == [3, 4, 6]  # 4: the last of part
     a = torch.load(tmp_path / "full/state/step-000006/model.pt", weights_only=True)
     b = torch.load(tmp_path / "part/state/step-000006/model.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
