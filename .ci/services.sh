@@ -2,11 +2,12 @@
 # Start the services the scale-out tests run against, on this machine, idempotently:
 #   slurm     munge + slurmctld + slurmd, one CPU node named after this host (Debian's slurm-wlm)
 #   postgres  a PostgreSQL cluster on 127.0.0.1:5432 with role/database gc25d (Debian's postgresql)
+#   browser   headless Chromium and its WebDriver for the UI test (Debian's chromium, chromium-driver)
 # Needs root (apt-get, daemons). Run by .ci/run and by the tests' fixtures (tests/services.py);
 # a second call finds them running and only checks them.
-#   bash .ci/services.sh [slurm] [postgres]     (default: both)
+#   bash .ci/services.sh [slurm] [postgres] [browser]     (default: all three)
 set -euo pipefail
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(slurm postgres)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(slurm postgres browser)
 STATE=/var/lib/gc25d-ci
 mkdir -p "$STATE"
 
@@ -100,10 +101,16 @@ start_postgres() {
   echo "postgres: $ver on 127.0.0.1:5432, role and database gc25d"
 }
 
+start_browser() {  # nothing to start: tests/ui/test_browser.py runs chromium through chromedriver
+  apt_install chromium:chromium chromedriver:chromium-driver
+  echo "browser: $(chromium --version 2>/dev/null | head -1); $(chromedriver --version | head -1)"
+}
+
 for s in "${want[@]}"; do
   case "$s" in
     slurm) start_slurm ;;
     postgres) start_postgres ;;
-    *) echo "unknown service $s (slurm | postgres)" >&2; exit 2 ;;
+    browser) start_browser ;;
+    *) echo "unknown service $s (slurm | postgres | browser)" >&2; exit 2 ;;
   esac
 done
