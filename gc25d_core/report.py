@@ -20,7 +20,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from gc25d_core.distributed import global_rank
@@ -41,34 +41,51 @@ class Reporter(Protocol):
 
 
 class Progress:
-    """Counts done / total; logs rate and ETA at most every ``every_s`` seconds and at the end."""
+    """Counts done / total; logs rate and ETA at most every ``every_s`` seconds and at the end.
+
+    ``job_done`` (set by a sharded job on rank 0) turns this rank's count into the whole job's
+    (``total`` is then the job's); ``label`` is appended to each line ("over 2 ranks")."""
 
     def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
         self.reporter, self.total, self.unit, self.every_s = reporter, total, unit, every_s
         self.done = 0
         self.t0 = time.monotonic()
         self._last = -math.inf
+        self.job_done: Callable[[int], int] | None = None
+        self.label = ""
 
-    @property
-    def rate(self) -> float:
-        dt = time.monotonic() - self.t0
-        return self.done / dt if dt > 0 else 0.0
+    def shown(self) -> int:
+        return self.job_done(self.done) if self.job_done is not None else self.done
 
     def summary(self) -> dict[str, float]:
-        rate = self.rate
-        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-        return {"done": self.done, "total": self.total, "per_s": rate, "eta_s": eta}
+        done = self.shown()
+        dt = time.monotonic() - self.t0
+        rate = done / dt if dt > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else float("nan")
+        return {"done": done, "total": self.total, "per_s": rate, "eta_s": eta}
 
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.monotonic()
-        if now - self._last >= self.every_s or self.done >= self.total:
+        # with job_done, this rank's end is not the job's: the job logs its own last line
+        final = self.job_done is None and self.done >= self.total
+        if now - self._last >= self.every_s or final:
             self._last = now
             s = self.summary()
             eta = "?" if math.isnan(s["eta_s"]) else f"{s['eta_s']:.0f}s"
             self.reporter.log(
-                f"{self.unit} {self.done}/{self.total} ({s['per_s']:.2f} {self.unit}/s, ETA {eta})"
+                f"{self.unit} {s['done']:.0f}/{self.total} ({s['per_s']:.2f} {self.unit}/s, ETA {eta})"
+                + (f" {self.label}" if self.label else "")
             )
+
+
+def human_bytes(num: float) -> str:
+    """1536 → "1.5 KiB" (binary units, 3 significant digits)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.3g} {unit}"
+        num /= 1024
+    raise AssertionError("unreachable")
 
 
 def _json_default(o: Any) -> Any:

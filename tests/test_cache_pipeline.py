@@ -167,3 +167,21 @@ def test_cli_sync_snapshots_registers_every_published_snapshot(project, monkeypa
         assert sync_snapshots(instance) == ["v000001"]
         assert sync_snapshots(instance) == ["v000001"]  # idempotent
         assert instance.get_dynamic_partitions("cache_snapshots") == ["v000001"]
+
+
+def test_cli_launch_queues_a_run_and_prints_its_id(project, monkeypatch, tmp_path, capsys):
+    from gc25d_pipeline.cli import main
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
+    assert main(["launch", "sft_job", "v000001"]) == 0
+    run_id = capsys.readouterr().out.strip()
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+    assert run is not None and run.job_name == "sft_job" and run.tags["dagster/partition"] == "v000001"
+    assert run.status == dg.DagsterRunStatus.QUEUED  # the daemon of dg dev starts it
+    with pytest.raises(SystemExit, match="partition 'v000002' does not exist"):
+        main(["launch", "sft_job", "v000002"])

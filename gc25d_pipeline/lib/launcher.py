@@ -195,7 +195,9 @@ class JobLauncher(dg.ConfigurableResource):
         default=0, description="torchrun-internal restarts (Dagster retries are preferred)"
     )
     python: str = Field(default=sys.executable, description="interpreter that runs torchrun and the ranks")
-    extra_env: dict[str, str] = Field(default_factory=dict)
+    extra_env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables every rank gets on top of the launcher's"
+    )
 
     def launch(
         self,

@@ -6,7 +6,7 @@ import dagster as dg
 from gc25d_core.cache.from_layout import RejectedReceiptsError, open_cache_store, pack_and_publish
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
-from gc25d_core.report import log_to
+from gc25d_core.report import human_bytes, log_to
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.prep.assets import cond, cond_ext, ext_canvas, latents
 from gc25d_pipeline.lib.project import Gc25dProject
@@ -59,7 +59,7 @@ def cache_snapshot(context: dg.AssetExecutionContext, project: Gc25dProject) -> 
             "schema": m.schema_name,
             "num_shards": len(m.shards),
             "verified_samples": report.samples,
-            "verified_bytes": report.bytes,
+            "verified_size": human_bytes(report.bytes),
             "totals": dg.MetadataValue.json(m.totals.model_dump(mode="json")),
         },
         data_version=dg.DataVersion(snap.ref.sha256),

@@ -42,7 +42,9 @@ class EvalRunConfig(dg.Config):
     chain241_chains: int = Field(default=2, ge=0, description="val runs of chain241 (0: skip)")
     teacher_steps: int = Field(default=40, ge=1, description="Euler steps of the bidirectional teacher")
     decode: bool = Field(default=True, description="decode rollouts with the VAE for the pixel metrics")
-    seed: int = 0
+    seed: int = Field(
+        default=0, description="seed of the rollouts' noise (the same seed: comparable exports)"
+    )
 
 
 def available_exports(
