@@ -94,18 +94,48 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-class StdoutReporter:
-    """Standalone reporter: JSON lines on stdout from rank 0; other ranks log to stderr only."""
+class BarProgress(Progress):
+    """A tqdm bar on stderr for a person at a terminal; where stderr is not one (logs, CI) tqdm
+    draws nothing and the rate lines of ``Progress`` are logged instead."""
 
-    def __init__(self, rank: int | None = None, extras: dict[str, Any] | None = None):
+    def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
+        from tqdm import tqdm
+
+        super().__init__(reporter, total, unit, every_s)
+        self.bar = tqdm(total=total, unit=f" {unit}", file=sys.stderr, disable=None, dynamic_ncols=True)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar.disable:
+            super().update(n)
+            return
+        self.done += n
+        self.bar.update(n)
+        if self.done >= self.total:
+            self.bar.close()
+
+
+class StdoutReporter:
+    """Standalone reporter: JSON lines on stdout from rank 0; other ranks log to stderr only.
+    ``bars``: progress as tqdm bars (command lines a person waits on)."""
+
+    def __init__(self, rank: int | None = None, extras: dict[str, Any] | None = None, bars: bool = False):
         self.rank = global_rank() if rank is None else rank
         self.extras = extras or {}
         self.retry_number = int(os.environ.get("GC25D_RETRY_NUMBER", "0"))
         self.materializations: list[dict[str, Any]] = []
+        self.bars = bars
 
     def _emit(self, record: dict[str, Any]) -> None:
-        if self.rank == 0:
-            print(json.dumps(record, default=_json_default), flush=True)
+        if self.rank != 0:
+            return
+        line = json.dumps(record, default=_json_default)
+        if self.bars:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)  # above a bar that is being drawn
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
 
     def log(self, message: str, level: str = "info") -> None:
         if self.rank == 0:
@@ -123,6 +153,8 @@ class StdoutReporter:
         self._emit({"event": "materialize", "metadata": metadata, "data_version": data_version})
 
     def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
+        if self.bars and self.rank == 0:
+            return BarProgress(self, total, unit, every_s)
         return Progress(self, total, unit, every_s)
 
 
@@ -188,12 +220,13 @@ def launched_by_dagster() -> bool:
 
 
 @contextlib.contextmanager
-def open_reporter() -> Iterator[Reporter]:
-    """Pipes on global rank 0 when launched by Dagster, a stdout/stderr reporter otherwise."""
+def open_reporter(bars: bool = False) -> Iterator[Reporter]:
+    """Pipes on global rank 0 when launched by Dagster, a stdout/stderr reporter otherwise
+    (``bars``: with tqdm progress bars)."""
     if global_rank() == 0 and launched_by_dagster():
         from dagster_pipes import open_dagster_pipes
 
         with open_dagster_pipes() as pipes:
             yield PipesReporter(pipes)
     else:
-        yield StdoutReporter()
+        yield StdoutReporter(bars=bars)
