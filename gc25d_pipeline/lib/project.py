@@ -77,7 +77,8 @@ class Gc25dProject(dg.ConfigurableResource):
                 path = path_under(path, context.run.run_id, "run id")
         except InvalidNameError as e:
             raise dg.Failure(f"run folder of {stage!r}: {e}", allow_retries=False) from None
-        return path
+        # absolute (not resolved: a checked folder stays as named), so metadata and logs name it fully
+        return Path(os.path.abspath(path))
 
 
 def default_project() -> Gc25dProject:
