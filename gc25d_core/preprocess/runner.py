@@ -177,7 +177,7 @@ def run_shard(task: ClipTask, rows: Sequence[ClipRow], rep: Reporter, run_dir: P
         )
     progress = rep.progress(total=num_pending if rank == 0 else len(pending), unit="clips")
     counts = RankCounts(run_dir / "progress", rank, world)
-    if world > 1:
+    if world > 1 and rank == 0:
         progress.job_done, progress.label = counts, f"over {world} ranks"
 
     def failed(row: ClipRow, error: str, tb: str = "") -> None:
@@ -249,6 +249,15 @@ def summarize(task: ClipTask, results: list[ShardResult], num_rows: int) -> dict
     return out
 
 
+def closing_line(task: ClipTask, summary: dict[str, Any]) -> str:
+    if not summary["num_built"]:
+        return f"{task.name}: {summary['status']} ({summary['num_skipped']} clips, {summary['size']})"
+    return (
+        f"{task.name}: built {summary['num_built']} clips ({summary['written']}) in {summary['seconds']:.1f} s "
+        f"over {summary['world_size']} ranks; {summary['num_skipped']} skipped; data {summary['size']}"
+    )
+
+
 def run_task(
     task: ClipTask,
     rows: Sequence[ClipRow],
@@ -262,12 +271,7 @@ def run_task(
     if summary["num_failed"]:
         lines = "\n".join(f"  {f['clip_id']}: {f['error']}" for f in summary["failures"])
         raise ClipFailuresError(f"{task.name}: {summary['num_failed']} of {len(rows)} clips failed:\n{lines}")
-    if summary["num_built"]:
-        rep.log(
-            f"{task.name}: built {summary['num_built']} clips ({summary['written']}) in {summary['seconds']:.1f} s "
-            f"over {summary['world_size']} ranks; {summary['num_skipped']} skipped; data {summary['size']}"
-        )
-    else:
-        rep.log(f"{task.name}: {summary['status']} ({summary['num_skipped']} clips, {summary['size']})")
+    if rep.rank == 0:  # the job's closing line, said once
+        rep.log(closing_line(task, summary))
     rep.materialize({**summary, **(extra_metadata or {})})
     return summary
