@@ -2,6 +2,8 @@
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip
+# dg (dagster-dg-cli) reads the project from pyproject.toml's [tool.dg]
+DG        := $(VENV)/bin/dg
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # deepspeed JIT-compiles a small C++ op on first CPU use; keep the build cache in the repo
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
@@ -16,10 +18,7 @@ setup:
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e '.[dev,scaleout]'
-	# dagster-postgres 0.29.28 (the match of dagster 1.13.28) is not published; 0.29.27 pins
-	# dagster 1.13.27, so it comes without its pins (pyproject.toml, extra scaleout)
-	$(PIP) install -q --no-deps dagster-postgres==0.29.27
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
 
 # Materialize the whole graph on the embedded default (tiny preset, CPU): the unpartitioned chain up
@@ -29,11 +28,10 @@ setup:
 # eval table across the chain.
 CHAIN := cache_snapshot,sft,sft_teacher,stage1_tf,stage2_cd,stage3_dmd,deploy_export,eval
 run:
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/dagster job execute -m gc25d_pipeline.definitions -j full_chain
+	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
+	$(DG) launch --job full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
-	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select $(CHAIN) --partition $$snap && \
+	$(DG) launch --assets $(CHAIN) --partition $$snap && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap && \
 	$(PY) -m gc25d_pipeline.cli eval-table $$snap
 
@@ -41,14 +39,13 @@ run:
 # validation figures (cond vs uncond).
 sft:
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
-	$(VENV)/bin/dagster asset materialize -m gc25d_pipeline.definitions \
-	  --select sft,sft_teacher --partition $$snap && \
+	$(DG) launch --assets sft,sft_teacher --partition $$snap && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
 # The UI (webserver + daemon) on http://127.0.0.1:3000
 dev:
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
+	$(DG) dev -h 127.0.0.1 -p 3000
 
 # The live page on http://127.0.0.1:8765: the newest causal export `make run` (and the stages after
 # it) left under outputs/tiny (deploy_export, stage 3 / 2 EMA, stage 1), keys in, frames out.
@@ -56,7 +53,7 @@ play:
 	$(PY) -m gc25d_core.deploy serve --preset tiny
 
 validate:
-	$(VENV)/bin/dagster definitions validate -m gc25d_pipeline.definitions
+	$(DG) check defs
 
 # Real local services for the scale-out tests (Slurm, PostgreSQL); as root, idempotent.
 services:

@@ -2,7 +2,8 @@
 # Start the services the scale-out tests run against, on this machine, idempotently:
 #   slurm     munge + slurmctld + slurmd, one CPU node named after this host (Debian's slurm-wlm)
 #   postgres  a PostgreSQL cluster on 127.0.0.1:5432 with role/database gc25d (Debian's postgresql)
-#   browser   Debian's chromium + chromium-driver for the deploy web page test (selenium, headless)
+#   browser   headless Chromium and its WebDriver for the browser tests (tests/ui, tests/deploy: Debian's
+#             chromium, chromium-driver)
 # Needs root (apt-get, daemons). Run by .ci/run and by the tests' fixtures (tests/services.py);
 # a second call finds them running and only checks them.
 #   bash .ci/services.sh [slurm] [postgres] [browser]     (default: all three)
@@ -101,12 +102,16 @@ start_postgres() {
   echo "postgres: $ver on 127.0.0.1:5432, role and database gc25d"
 }
 
+start_browser() {  # nothing to start: tests/ui/test_browser.py runs chromium through chromedriver
+  apt_install chromium:chromium chromedriver:chromium-driver
+  echo "browser: $(chromium --version 2>/dev/null | head -1); $(chromedriver --version | head -1)"
+}
+
 for s in "${want[@]}"; do
   case "$s" in
     slurm) start_slurm ;;
     postgres) start_postgres ;;
-    # nothing to start: the test launches chromium itself through chromedriver
-    browser) apt_install chromium:chromium chromedriver:chromium-driver; echo "browser: $(chromium --version)" ;;
+    browser) start_browser ;;
     *) echo "unknown service $s (slurm | postgres | browser)" >&2; exit 2 ;;
   esac
 done

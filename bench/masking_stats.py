@@ -29,10 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ext_canvas_stats import prepare  # noqa: E402
-
+from bench.ext_canvas_stats import prepare  # noqa: E402
 from gc25d_core.index import read_index  # noqa: E402
 from gc25d_core.layout import Layout, Shapes, read_cond, read_meta  # noqa: E402
 from gc25d_core.masking import DropoutRates, masking_ground_xy, unknown_mask  # noqa: E402

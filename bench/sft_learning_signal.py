@@ -12,7 +12,7 @@ t=500, absolute and relative gap, and whether cond is below uncond at every vali
              the same clips (cond, meta, index, text table copied from data/tiny/gc25d), latents
              re-encoded with a tiny VAE of the same class fitted to the train clips' frames
              (gc25d_core.models.vae_fit, --vae-steps), packed into a cache of its own
-  synthetic  tests/train/world.py with latents the ids determine (a fixed vector per id, pooled per
+  synthetic  gc25d_core/train/synthetic.py with latents the ids determine (a fixed vector per id, pooled per
              latent pixel, + noise): what a VAE that keeps the picture would give
 
 Usage: make run && python bench/sft_learning_signal.py --world codeworld --steps 600 --val-every 50
@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launch import bench_env, torchrun  # noqa: E402  (bench/, the script's own folder)
+from bench.common import bench_env, torchrun  # noqa: E402
 
 
 def fitted_vae_world(run_dir: Path, vae_steps: int):
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.world == "codeworld_fitted":
         cfg = with_sft(fitted_vae_world(args.run_dir, args.vae_steps), "tiny", sft)
     else:
-        from tests.train.world import sft_world
+        from gc25d_core.train.synthetic import sft_world
 
         world = args.run_dir / "world"
         if world.exists():

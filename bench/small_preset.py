@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launch import bench_env, torchrun  # noqa: E402  (bench/, the script's own folder)
+from bench.common import bench_env, torchrun  # noqa: E402
 
 
 def phase(name: str, t0: float, **extra: Any) -> None:
@@ -37,7 +37,10 @@ def launch(module: str, cfg: Any, run_dir: Path, nproc: int, extra: list[str] | 
     config = write_resolved(cfg, run_dir, "config.yaml")
     log = run_dir / "torchrun.log"
     rc, wall = torchrun(
-        nproc, ["-m", module, "--config", str(config), "--run-dir", str(run_dir), *(extra or [])], log, bench_env()
+        nproc,
+        ["-m", module, "--config", str(config), "--run-dir", str(run_dir), *(extra or [])],
+        log,
+        bench_env(),
     )
     if rc != 0:
         print(log.read_text()[-6000:], file=sys.stderr)
@@ -73,7 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         over["raw"] |= {"codeworld_preset": "tiny"}
         over["geometry"] = {"src_width": 200, "src_height": 96, "crop_x0": 6, "crop_x1": 194}
         over["geometry"] |= {"dst_width": 128, "dst_height": 64}
-        over["vae"] = {"fit": {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5}, "num_workers": 0}
+        over["vae"] = {
+            "fit": {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5},
+            "num_workers": 0,
+        }
         sft = {
             "precision": "fp32",
             "micro_batch": 1,

@@ -5,6 +5,7 @@ Errors are relative to an fp32 encode with TF32 off. Prints JSON lines. GPU only
     python bench/vae_precision_probe.py --lean     # the lean-ops variants + a kernel profile of each
 """
 
+import argparse
 import json
 import sys
 import time
@@ -13,6 +14,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--lean", action="store_true", help="the lean-ops variants + a kernel profile of each")
+args = ap.parse_args()
+if not torch.cuda.is_available():
+    sys.exit("vae_precision_probe.py measures CUDA kernels: it needs a GPU")
 
 from gc25d_core.compat import import_diffsynth  # noqa: E402
 
@@ -93,7 +100,7 @@ def profile(probe, fn, top=12):
     )
 
 
-if "--lean" in sys.argv:
+if args.lean:
     from gc25d_core.models.vae import lean_vae_ops
 
     torch.backends.cudnn.benchmark = True

@@ -64,13 +64,19 @@ def prepare_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[st
     if cfg.raw.kind == "codeworld":
         from gc25d_core.codeworld import generate
 
-        summary = dict(
-            generate(
-                Path(cfg.raw.root), preset=cfg.raw.codeworld_preset, seed=cfg.raw.seed, geometry=cfg.geometry
-            )
+        made = generate(
+            Path(cfg.raw.root), preset=cfg.raw.codeworld_preset, seed=cfg.raw.seed, geometry=cfg.geometry
         )
-        summary["kind"] = "codeworld"
         validated = validate_raw(cfg, log)
-        summary.update({k: validated[k] for k in ("num_runs", "num_clips", "num_frames")})
-        return summary
+        # one key per fact: the validated counts, what this call generated, the data's size
+        return {
+            "kind": "codeworld",
+            "preset": made["preset"],
+            "seed": made["seed"],
+            **{k: validated[k] for k in ("num_runs", "num_clips", "num_frames")},
+            "num_bytes": made["bytes"],
+            "generated_runs": made["generated_runs"],
+            "num_skipped_runs": len(made["skipped_runs"]),
+            "seconds": made["seconds"],
+        }
     return validate_raw(cfg, log)

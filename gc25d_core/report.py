@@ -20,7 +20,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from gc25d_core.distributed import global_rank
@@ -41,34 +41,51 @@ class Reporter(Protocol):
 
 
 class Progress:
-    """Counts done / total; logs rate and ETA at most every ``every_s`` seconds and at the end."""
+    """Counts done / total; logs rate and ETA at most every ``every_s`` seconds and at the end.
+
+    ``job_done`` (set by a sharded job on rank 0) turns this rank's count into the whole job's
+    (``total`` is then the job's); ``label`` is appended to each line ("over 2 ranks")."""
 
     def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
         self.reporter, self.total, self.unit, self.every_s = reporter, total, unit, every_s
         self.done = 0
         self.t0 = time.monotonic()
         self._last = -math.inf
+        self.job_done: Callable[[int], int] | None = None
+        self.label = ""
 
-    @property
-    def rate(self) -> float:
-        dt = time.monotonic() - self.t0
-        return self.done / dt if dt > 0 else 0.0
+    def shown(self) -> int:
+        return self.job_done(self.done) if self.job_done is not None else self.done
 
     def summary(self) -> dict[str, float]:
-        rate = self.rate
-        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-        return {"done": self.done, "total": self.total, "per_s": rate, "eta_s": eta}
+        done = self.shown()
+        dt = time.monotonic() - self.t0
+        rate = done / dt if dt > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else float("nan")
+        return {"done": done, "total": self.total, "per_s": rate, "eta_s": eta}
 
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.monotonic()
-        if now - self._last >= self.every_s or self.done >= self.total:
+        # with job_done, this rank's end is not the job's: the job logs its own last line
+        final = self.job_done is None and self.done >= self.total
+        if now - self._last >= self.every_s or final:
             self._last = now
             s = self.summary()
             eta = "?" if math.isnan(s["eta_s"]) else f"{s['eta_s']:.0f}s"
             self.reporter.log(
-                f"{self.unit} {self.done}/{self.total} ({s['per_s']:.2f} {self.unit}/s, ETA {eta})"
+                f"{self.unit} {s['done']:.0f}/{self.total} ({s['per_s']:.2f} {self.unit}/s, ETA {eta})"
+                + (f" {self.label}" if self.label else "")
             )
+
+
+def human_bytes(num: float) -> str:
+    """1536 → "1.5 KiB" (binary units, 3 significant digits)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.3g} {unit}"
+        num /= 1024
+    raise AssertionError("unreachable")
 
 
 def _json_default(o: Any) -> Any:
@@ -77,18 +94,48 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-class StdoutReporter:
-    """Standalone reporter: JSON lines on stdout from rank 0; other ranks log to stderr only."""
+class BarProgress(Progress):
+    """A tqdm bar on stderr for a person at a terminal; where stderr is not one (logs, CI) tqdm
+    draws nothing and the rate lines of ``Progress`` are logged instead."""
 
-    def __init__(self, rank: int | None = None, extras: dict[str, Any] | None = None):
+    def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
+        from tqdm import tqdm
+
+        super().__init__(reporter, total, unit, every_s)
+        self.bar = tqdm(total=total, unit=f" {unit}", file=sys.stderr, disable=None, dynamic_ncols=True)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar.disable:
+            super().update(n)
+            return
+        self.done += n
+        self.bar.update(n)
+        if self.done >= self.total:
+            self.bar.close()
+
+
+class StdoutReporter:
+    """Standalone reporter: JSON lines on stdout from rank 0; other ranks log to stderr only.
+    ``bars``: progress as tqdm bars (command lines a person waits on)."""
+
+    def __init__(self, rank: int | None = None, extras: dict[str, Any] | None = None, bars: bool = False):
         self.rank = global_rank() if rank is None else rank
         self.extras = extras or {}
         self.retry_number = int(os.environ.get("GC25D_RETRY_NUMBER", "0"))
         self.materializations: list[dict[str, Any]] = []
+        self.bars = bars
 
     def _emit(self, record: dict[str, Any]) -> None:
-        if self.rank == 0:
-            print(json.dumps(record, default=_json_default), flush=True)
+        if self.rank != 0:
+            return
+        line = json.dumps(record, default=_json_default)
+        if self.bars:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)  # above a bar that is being drawn
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
 
     def log(self, message: str, level: str = "info") -> None:
         if self.rank == 0:
@@ -106,6 +153,8 @@ class StdoutReporter:
         self._emit({"event": "materialize", "metadata": metadata, "data_version": data_version})
 
     def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
+        if self.bars and self.rank == 0:
+            return BarProgress(self, total, unit, every_s)
         return Progress(self, total, unit, every_s)
 
 
@@ -171,12 +220,13 @@ def launched_by_dagster() -> bool:
 
 
 @contextlib.contextmanager
-def open_reporter() -> Iterator[Reporter]:
-    """Pipes on global rank 0 when launched by Dagster, a stdout/stderr reporter otherwise."""
+def open_reporter(bars: bool = False) -> Iterator[Reporter]:
+    """Pipes on global rank 0 when launched by Dagster, a stdout/stderr reporter otherwise
+    (``bars``: with tqdm progress bars)."""
     if global_rank() == 0 and launched_by_dagster():
         from dagster_pipes import open_dagster_pipes
 
         with open_dagster_pipes() as pipes:
             yield PipesReporter(pipes)
     else:
-        yield StdoutReporter()
+        yield StdoutReporter(bars=bars)

@@ -9,6 +9,10 @@ far cond is below uncond at the last validation (what ``make run`` prints).
 
 ``python -m gc25d_pipeline.cli eval-table [SNAPSHOT]``: the eval asset's comparison table across the
 chain's exports on that snapshot (what ``make run`` prints at its end).
+
+``python -m gc25d_pipeline.cli launch JOB [PARTITION] [--config-json JSON]``: queue a run of JOB on the
+instance (what ``dagster job launch`` does, which prints nothing) and print its run id; the daemon
+of ``dg dev`` / ``make dev`` on the same DAGSTER_HOME starts it. A partition must exist already.
 """
 
 import argparse
@@ -22,6 +26,8 @@ from gc25d_core.cache.manifest import snapshot_id
 from gc25d_core.cache.snapshots import list_versions
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import default_project
+
+WORKSPACE = Path(__file__).resolve().parent.parent / "workspace.yaml"
 
 
 def sync_snapshots(instance: dg.DagsterInstance) -> list[str]:
@@ -73,17 +79,54 @@ def _newest_snapshot(cfg) -> str | None:
     return keys[-1]
 
 
+def launch(
+    instance: dg.DagsterInstance, job: str, partition: str | None, config_json: str | None
+) -> dg.DagsterRun:
+    """Queue a run of ``job`` from the workspace (location gc25d, as the daemon loads it)."""
+    import json
+
+    from dagster._cli.job import execute_launch_command
+    from dagster_shared.cli import WorkspaceOpts
+
+    if partition is not None and partition not in instance.get_dynamic_partitions(cache_snapshots.name):
+        raise SystemExit(f"partition {partition!r} does not exist (sync-snapshots adds the published ones)")
+    tags = {"dagster/partition": partition} if partition else {}
+    return execute_launch_command(
+        instance=instance,
+        workspace_opts=WorkspaceOpts(workspace=[str(WORKSPACE)]),
+        job_name=job,
+        config_json=config_json,
+        tags=json.dumps(tags) if tags else None,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gc25d_pipeline.cli")
-    ap.add_argument("command", choices=["sync-snapshots", "learning-signal", "eval-table"])
-    ap.add_argument(
-        "snapshot", nargs="?", default=None, help="learning-signal / eval-table: a snapshot id (default: newest)"
-    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("sync-snapshots", help="add a partition per published snapshot; print the newest")
+    run = sub.add_parser("launch", help="queue a run of a job; print its run id")
+    run.add_argument("job", help="e.g. sft_job")
+    run.add_argument("partition", nargs="?", help="snapshot id, e.g. v000001 (partitioned jobs)")
+    run.add_argument("--config-json", help="run config as JSON")
+    for name, what in (
+        ("learning-signal", "the SFT teacher's cond / uncond validation table"),
+        ("eval-table", "the eval asset's comparison table across the chain's exports"),
+    ):
+        sub.add_parser(name, help=what).add_argument(
+            "snapshot", nargs="?", default=None, help="a snapshot id (default: the newest)"
+        )
     args = ap.parse_args(argv)
     if args.command == "learning-signal":
         return learning_signal(args.snapshot)
     if args.command == "eval-table":
         return eval_table(args.snapshot)
+    if args.command == "launch":
+        with dg.DagsterInstance.get() as instance:
+            queued = launch(instance, args.job, args.partition, args.config_json)
+        print(queued.run_id)  # stdout: the id alone, for scripts
+        what = f"{args.job} [{args.partition}]" if args.partition else args.job
+        print(f"queued {what} as run {queued.run_id}; the daemon of dg dev starts it", file=sys.stderr)
+        return 0
     with dg.DagsterInstance.get() as instance:
         keys = sync_snapshots(instance)
     if not keys:

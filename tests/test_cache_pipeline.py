@@ -150,15 +150,9 @@ def test_snapshot_partition_is_verified_and_corruption_fails(project, tmp_path):
         assert "v000001 failed verification" in failure.event_specific_data.error.message
 
 
-def test_sensor_records_the_manifest_observation(project):
-    training_cache(dg.build_asset_context(), project=project)
-    with dg.instance_for_test() as instance:
-        result = _tick(instance, project, None)
-        obs = result.asset_events[0]
-        assert (
-            obs.asset_key == dg.AssetKey("dataset_manifest") and obs.tags["dagster/data_version"] == "v000001"
-        )
-        assert json.loads(json.dumps(obs.metadata["snapshot"].value)) == "v000001"
+def test_snapshots_hang_off_the_publisher_in_the_lineage():
+    """training_cache → cache_snapshot: the edge the UI shows is the one runs are ordered by."""
+    assert cache_snapshot.asset_deps[cache_snapshot.key] == {training_cache.key}
 
 
 def test_cli_sync_snapshots_registers_every_published_snapshot(project, monkeypatch):
@@ -173,3 +167,21 @@ def test_cli_sync_snapshots_registers_every_published_snapshot(project, monkeypa
         assert sync_snapshots(instance) == ["v000001"]
         assert sync_snapshots(instance) == ["v000001"]  # idempotent
         assert instance.get_dynamic_partitions("cache_snapshots") == ["v000001"]
+
+
+def test_cli_launch_queues_a_run_and_prints_its_id(project, monkeypatch, tmp_path, capsys):
+    from gc25d_pipeline.cli import main
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
+    assert main(["launch", "sft_job", "v000001"]) == 0
+    run_id = capsys.readouterr().out.strip()
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+    assert run is not None and run.job_name == "sft_job" and run.tags["dagster/partition"] == "v000001"
+    assert run.status == dg.DagsterRunStatus.QUEUED  # the daemon of dg dev starts it
+    with pytest.raises(SystemExit, match="partition 'v000002' does not exist"):
+        main(["launch", "sft_job", "v000002"])

@@ -33,7 +33,7 @@ def test_definitions_load_and_graph():
 
 def test_dagster_cli_validates_the_workspace(tmp_path):
     env = {"DAGSTER_HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=ROOT,
@@ -66,3 +66,51 @@ def test_core_library_imports_no_dagster():
                 stripped.startswith("import dagster") and not stripped.startswith("import dagster_pipes")
             ), path
             assert not (stripped.startswith("from dagster ") or stripped.startswith("from dagster.")), path
+
+
+def _undescribed(model: type, where: str) -> list[str]:
+    """Fields of a Dagster config / resource class (and the config classes nested in it) without a
+    description: the UI's launchpad and resource pages show nothing else about them."""
+    import pydantic
+
+    out = []
+    for name, field in model.model_fields.items():
+        if not field.description:
+            out.append(f"{where}.{name}")
+        nested = field.annotation
+        if isinstance(nested, type) and issubclass(nested, pydantic.BaseModel):
+            out += _undescribed(nested, f"{where}.{name}")
+    return out
+
+
+def test_every_job_sensor_resource_and_run_config_field_is_described():
+    from gc25d_pipeline.lib.torchrun import TorchrunLauncher
+
+    repo = defs.get_repository_def()
+    missing = [
+        f"job {j.name}" for j in repo.get_all_jobs() if not j.name.startswith("__") and not j.description
+    ]
+    missing += [f"sensor {s.name}" for s in repo.sensor_defs if not s.description]
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        if node.is_materializable and not node.description:
+            missing.append(f"asset {key.to_user_string()}")
+    from gc25d_pipeline.defs.eval.assets import EvalRunConfig
+    from gc25d_pipeline.defs.ops.assets import ClusterCheckConfig
+    from gc25d_pipeline.defs.train.assets import SftTeacherConfig
+    from gc25d_pipeline.lib.clip_jobs import ClipJobConfig
+    from gc25d_pipeline.lib.project import Gc25dProject
+    from gc25d_pipeline.lib.stage_assets import StageRunConfig
+
+    for cls in (
+        EvalRunConfig,
+        ClusterCheckConfig,
+        SftTeacherConfig,
+        ClipJobConfig,
+        StageRunConfig,
+        Gc25dProject,
+        TorchrunLauncher,
+    ):
+        missing += _undescribed(cls, cls.__name__)
+    assert not missing, missing

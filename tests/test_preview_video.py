@@ -60,7 +60,7 @@ def test_curves_png_and_gap_table():
         for s, c in ((10, 0.95), (20, 0.8))
     ]
     img = cv2.imdecode(np.frombuffer(curves_png(recs), np.uint8), cv2.IMREAD_COLOR)
-    assert img is not None and img.shape[1] == 960
+    assert img is not None and img.shape == (3 * 260, 760, 3)  # a panel per t
     rows = gap_table(recs)
     assert rows[-1]["step"] == 20
     assert abs(rows[-1]["t800"]["cond_below_uncond"] - 0.2) < 1e-9

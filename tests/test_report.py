@@ -63,3 +63,41 @@ def test_pipes_metadata_wraps_nested_dicts_for_dagster_pipes():
         "x": 2.0,
     }
     _normalize_param_metadata(md, "report_asset_materialization", "metadata")  # what Pipes itself checks
+
+
+class _Tty:
+    """A stderr that says it is a terminal of 100 columns (tqdm draws only on one)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+    def fileno(self):
+        raise OSError("no fd")  # tqdm then falls back to a fixed width
+
+
+def test_command_lines_draw_a_bar_on_a_terminal_and_log_rates_elsewhere(monkeypatch, capsys):
+    import sys
+
+    from gc25d_core.report import BarProgress, StdoutReporter
+
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    bar = StdoutReporter(rank=0, bars=True).progress(total=4, unit="shards")
+    assert isinstance(bar, BarProgress)
+    for _ in range(4):
+        bar.update(1)
+    assert "4/4" in tty.text and "shards" in tty.text
+    monkeypatch.undo()
+    capsys.readouterr()
+    lines = StdoutReporter(rank=0, bars=True).progress(total=2, unit="shards")  # stderr is no terminal
+    lines.update(2)
+    assert "shards 2/2" in capsys.readouterr().out

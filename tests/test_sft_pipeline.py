@@ -114,6 +114,10 @@ def test_sft_and_teacher_per_snapshot(trained):
     assert md["snapshot"].value == "v000001" and md["world_size"].value == 2
     run_dir = trained.sft_dir
     assert sorted(p.name for p in (run_dir / "exports").iterdir()) == ["step-000010.safetensors"]
+    # the curves: TensorBoard event files of rank 0, and the same records plotted in the metadata
+    assert md["tensorboard"].value == str(run_dir / "tensorboard")
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert md["curves"].value.startswith("![training curves](data:image/png;base64,")
 
     # the pick is handed off as teacher.json in the SFT run folder, naming the export and its hash
     teacher = trained.result.asset_materializations_for_node("sft_teacher")[0].metadata

@@ -120,7 +120,15 @@ def _single_failure(result: dg.ExecuteInProcessResult) -> str:
     return failures[0].step_failure_data.error.message
 
 
-def test_missing_handoff_fails_at_once_naming_the_file(tmp_path):
+@pytest.fixture
+def published(monkeypatch):
+    """Every partition's snapshot counts as published (test_graph_order.py checks the real check)."""
+    monkeypatch.setattr(
+        "gc25d_pipeline.lib.stage_assets.published_snapshot", lambda cfg, key: int(key.lstrip("v"))
+    )
+
+
+def test_missing_handoff_fails_at_once_naming_the_file(tmp_path, published):
     project = _project(tmp_path)
     missing = tmp_path / "runs" / "sft" / "v000001" / TEACHER
     message = _single_failure(_materialize([_from_teacher()], project))
@@ -129,7 +137,7 @@ def test_missing_handoff_fails_at_once_naming_the_file(tmp_path):
     assert not (tmp_path / "runs" / "sft_from_teacher").exists()  # nothing was launched
 
 
-def test_broken_handoff_fails_at_once_naming_the_file(tmp_path):
+def test_broken_handoff_fails_at_once_naming_the_file(tmp_path, published):
     project = _project(tmp_path)
     teacher = tmp_path / "runs" / "sft" / "v000001" / TEACHER
     teacher.parent.mkdir(parents=True)

@@ -1,5 +1,6 @@
 """Command line for the training cache. Progress and logs are JSON lines on stdout (rank-0
-reporter, or Dagster Pipes when launched by Dagster); the last line is ``{"event": "result", ...}``.
+reporter, with tqdm bars on stderr when it is a terminal; Dagster Pipes when launched by Dagster);
+the last line is ``{"event": "result", ...}``.
 
     python -m gc25d_core.cache inspect STORE [--version N] [--versions] [--shard PATH]
     python -m gc25d_core.cache verify  STORE [--version N] [--deep] [--shard PATH ...]
@@ -84,7 +85,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = _store(args.store, args)
-    with open_reporter() as rep:
+    with open_reporter(bars=True) as rep:
         t0 = time.monotonic()
         r = verify_snapshot(
             store,
@@ -120,7 +121,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             salt=args.salt,
             val_groups=tuple(args.val_group),
         )
-    with open_reporter() as rep:
+    with open_reporter(bars=True) as rep:
         res = publish_snapshot(
             store,
             receipts=args.receipt or None,
@@ -155,7 +156,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         entries = entries_from_manifest(read_snapshot(src, args.version, revision=args.revision).manifest)
     if args.shard:
         entries = [e for e in entries if e.path in set(args.shard)]
-    with open_reporter() as rep:
+    with open_reporter(bars=True) as rep:
         done = import_shards(
             src,
             entries,

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--workers", type=int, default=None)
     sub.add_parser("sheet", help="contact sheet of a clip (see gc25d_core.codeworld.contact_sheet)")
     a = ap.parse_args(argv)
-    summary = generate(a.root, a.preset, a.seed, reporter=StdoutReporter(rank=0), workers=a.workers)
+    rep = StdoutReporter(rank=0, bars=True)  # a frame bar on a terminal, rate lines elsewhere
+    summary = generate(a.root, a.preset, a.seed, reporter=rep, workers=a.workers)
     print(json.dumps(summary))
     return 0
 

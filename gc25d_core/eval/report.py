@@ -24,6 +24,7 @@ import numpy as np
 
 from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
 from gc25d_core.eval.metrics import json_safe
+from gc25d_core.plots import encode_png, line_plot_png
 
 # (sweep, region, key, header): the comparison table's columns
 TABLE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
@@ -44,88 +45,10 @@ PLOTTED = (
     ("psnr", "PSNR (dB)", False),
     ("delta_psnr", "ΔtPSNR (dB)", False),
 )
-COLORS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75))
 
 
 def dumps(obj: Any) -> str:
     return json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False)
-
-
-def _png(rgb: np.ndarray) -> bytes:
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    if not ok:
-        raise RuntimeError("PNG encoding failed")
-    return buf.tobytes()
-
-
-def _ascii(text: str) -> str:
-    # OpenCV's Hershey fonts draw ASCII only
-    return text.replace("Δ", "d").replace("–", "-").encode("ascii", "replace").decode()
-
-
-def line_plot_png(
-    series: dict[str, Sequence[float | None]],
-    title: str,
-    ylabel: str,
-    *,
-    log_y: bool = False,
-    xlabel: str = "cell",
-    size: tuple[int, int] = (760, 380),
-) -> bytes:
-    """One line per series over x = 0, 1, …; missing values (None / NaN) break the line."""
-    w, h = size
-    left, right, top, bottom = 70, 170, 30, 45
-    img = np.full((h, w, 3), 255, np.uint8)
-
-    def ok(v: float | None) -> bool:
-        return v is not None and math.isfinite(v) and (v > 0 or not log_y)
-
-    def tr(v: float) -> float:
-        return math.log10(v) if log_y else v
-
-    vals = [tr(float(v)) for s in series.values() for v in s if ok(v)]  # type: ignore[arg-type]
-    n = max((len(s) for s in series.values()), default=1)
-    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
-    if hi - lo < 1e-12:
-        lo, hi = lo - 0.5, hi + 0.5
-    pw, ph = w - left - right, h - top - bottom
-
-    def xy(i: int, v: float) -> tuple[int, int]:
-        x = left + (i / max(1, n - 1)) * pw
-        y = top + (1.0 - (tr(v) - lo) / (hi - lo)) * ph
-        return int(round(x)), int(round(y))
-
-    font, grey = cv2.FONT_HERSHEY_SIMPLEX, (90, 90, 90)
-    cv2.rectangle(img, (left, top), (left + pw, top + ph), grey, 1)
-    for k in range(5):
-        v = lo + (hi - lo) * k / 4
-        y = int(round(top + (1 - k / 4) * ph))
-        cv2.line(img, (left - 4, y), (left, y), grey, 1)
-        label = f"{10**v:.3g}" if log_y else f"{v:.3g}"
-        cv2.putText(img, label, (4, y + 4), font, 0.38, grey, 1, cv2.LINE_AA)
-    for k in range(0, n, max(1, n // 10)):
-        x = xy(k, 1.0 if log_y else lo)[0]
-        cv2.line(img, (x, top + ph), (x, top + ph + 4), grey, 1)
-        cv2.putText(img, str(k), (x - 6, top + ph + 18), font, 0.38, grey, 1, cv2.LINE_AA)
-    cv2.putText(img, _ascii(title), (left, 20), font, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
-    cv2.putText(img, _ascii(f"{xlabel} / {ylabel}"), (left, h - 8), font, 0.4, grey, 1, cv2.LINE_AA)
-    for idx, (name, line) in enumerate(series.items()):
-        color = COLORS[idx % len(COLORS)]
-        prev: tuple[int, int] | None = None
-        for i, value in enumerate(line):
-            if value is None or not ok(value):
-                prev = None
-                continue
-            p = xy(i, float(value))
-            if prev is not None:
-                cv2.line(img, prev, p, color, 2, cv2.LINE_AA)
-            else:
-                cv2.circle(img, p, 2, color, -1)
-            prev = p
-        ly = top + 14 + 18 * idx
-        cv2.line(img, (left + pw + 10, ly - 4), (left + pw + 30, ly - 4), color, 2)
-        cv2.putText(img, _ascii(name)[:20], (left + pw + 34, ly), font, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
-    return _png(img)
 
 
 def strip_png(rollout: dict[str, Any], num: int = 6, max_width: int = 1400) -> bytes | None:
@@ -158,7 +81,7 @@ def strip_png(rollout: dict[str, Any], num: int = 6, max_width: int = 1400) -> b
     if sheet.shape[1] > max_width:
         s = max_width / sheet.shape[1]
         sheet = cv2.resize(sheet, (max_width, max(1, int(sheet.shape[0] * s))), interpolation=cv2.INTER_AREA)
-    return _png(np.ascontiguousarray(sheet))
+    return encode_png(np.ascontiguousarray(sheet))
 
 
 def _fmt(v: Any) -> str:

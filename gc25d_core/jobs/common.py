@@ -48,6 +48,17 @@ def stage_parser(description: str, stage: str) -> argparse.ArgumentParser:
     return p
 
 
+def _name_the_deepspeed_accelerator() -> None:
+    """Without CUDA, tell DeepSpeed it runs on the CPU: its auto-detection warns "Setting accelerator
+    to CPU" in every rank of every job otherwise. An explicit DS_ACCELERATOR is kept."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | None = None) -> None:
     """Bind to the launcher, parse, init distributed, open the reporter (Pipes on rank 0), run ``main``."""
     die_with_parent()
@@ -55,6 +66,7 @@ def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | No
 
     @record
     def _entry() -> None:
+        _name_the_deepspeed_accelerator()
         args = parser.parse_args(argv)
         cfg = config_from_yaml(args.config)
         with process_group(cfg.distributed.backend), open_reporter() as reporter:

@@ -15,7 +15,7 @@ The package's top-level module is ``flash_attn``, the name DiffSynth probes for 
 with flash-attn-4 installed, DiffSynth's own Wan attention would take its FA2 branch and fail.
 ``gc25d_core.compat.import_diffsynth`` corrects that probe in our processes; scripts that import
 DiffSynth directly (the plain-stack comparator) still need the package kept off their path
-(bench/h200_pending.sh gives it a folder of its own).
+(bench/suites.py gives it a folder of its own).
 """
 
 from __future__ import annotations

@@ -84,6 +84,11 @@ class DenoiserRun(StageRun):
         model = build_model(self.cfg, sec.model, self.device, self.engine.build_dtype)
         self.dit_config = model.gc_config
         groups = lambda m: param_groups(m, sec.optim.lr, sec.optim.cond_lr)  # noqa: E731
+        if sec.engine == "zero2" and self.device.type == "cpu":
+            from gc25d_core.train.zero2 import cpu_op_build_note
+
+            if note := cpu_op_build_note():
+                self.rep.log(note)
         self.model: Trained = self.engine.train("model", model, sec.optim, groups)
         self.val_clips = load_val_clips(
             self.data.store, self.data.manifest_ref, sec.val, self.data.prompt_to_key, self.cfg.vocab

@@ -9,6 +9,7 @@ rest the same way for every stage::
     <run_dir>/exports/step-001000*.safetensors  exports (export_every, and the last step)
     <run_dir>/state/step-000500/        rotating full state (train.state), exactly state_slots kept
     <run_dir>/metrics.jsonl  val.jsonl  train / validation records (rank 0)
+    <run_dir>/tensorboard/              the same records as TensorBoard scalars (rank 0)
     <run_dir>/done.json                 written when max_steps is reached
     <run_dir>/final.json                the hand-off to the next stage (train.handoff)
 
@@ -38,11 +39,12 @@ from gc25d_core.report import Reporter
 from gc25d_core.train.config import StageConfig
 from gc25d_core.train.engine import Engine
 from gc25d_core.train.handoff import FINAL, TEACHER
-from gc25d_core.train.metrics import JsonlLog, StepProfiler
+from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
 from gc25d_core.train.model import pick_device, resolve_precision, set_determinism
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
+TENSORBOARD_DIR = "tensorboard"
 # stage -> (module, StageRun class): imported when run (each stage file imports what it needs)
 STAGE_RUNS = {
     "sft": ("gc25d_core.train.sft", "SftRun"),
@@ -136,7 +138,7 @@ class StageRun:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if self.fresh:
-                for name in ("state", "exports"):
+                for name in ("state", "exports", TENSORBOARD_DIR):
                     shutil.rmtree(self.run_dir / name, ignore_errors=True)
                 # a fresh run invalidates its hand-offs: the next stage must not start from them
                 for name in (*LOG_FILES, "done.json", FINAL, TEACHER):
@@ -177,6 +179,17 @@ class StageRun:
                     log.truncate_after(point.step)
             self.rep.log(f"resumed from {point.folder} (step {point.step})")
         start_step = point.step
+        # events past the resumed state were written by an attempt whose steps are redone (a start at
+        # step 0 redoes the step-0 validation too)
+        purge = start_step + 1 if start_step else 0
+        curves = TensorBoardLog(self.run_dir / TENSORBOARD_DIR, self.rank == 0, purge_step=purge)
+        try:
+            return self._loop(start_step, max_steps, curves)
+        finally:
+            curves.close()
+
+    def _loop(self, start_step: int, max_steps: int | None, curves: TensorBoardLog) -> dict[str, Any]:
+        sec = self.section
         target = sec.max_steps if max_steps is None else max_steps
         progress = self.rep.progress(total=target, unit="steps", every_s=10.0)
         progress.done = start_step
@@ -191,6 +204,7 @@ class StageRun:
             if val is not None:
                 last_val = val
                 self.val_log.append({"step": 0, **val})
+                curves.scalars("val", 0, val)
                 self.rep.metrics(step=0, **{f"val_{k}": v for k, v in val.items()})
         train_s, step = 0.0, start_step
         profiler = StepProfiler(sec.profile, self.run_dir / "profile", self.rank == 0)
@@ -216,12 +230,14 @@ class StageRun:
                 if self.device.type == "cuda":
                     record["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 self.metrics.append(record)
+                curves.scalars("train", step, record)
                 self.rep.metrics(step=step, **{k: v for k, v in record.items() if k != "step"})
             if step % sec.val.every == 0 or final:
                 val = self.validate(step)
                 if val is not None:
                     last_val = val
                     self.val_log.append({"step": step, **val})
+                    curves.scalars("val", step, val)
                     self.rep.metrics(step=step, **{f"val_{k}": v for k, v in val.items()})
             if step % sec.export_every == 0 or (final and sec.export_final):
                 self.export(step)

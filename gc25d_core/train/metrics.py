@@ -1,10 +1,11 @@
-"""Step records: JSON-lines logs (rank 0), sums over micro-batches and ranks in one host sync, the
-step profiler."""
+"""Step records: JSON-lines logs and TensorBoard event files (rank 0), sums over micro-batches and
+ranks in one host sync, the step profiler, the curves of a run as one PNG."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,64 @@ class JsonlLog:
         if self.enabled and self.path.is_file():
             kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
             atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+
+class TensorBoardLog:
+    """TensorBoard event files in ``folder`` (rank 0): each numeric entry of a record as the scalar
+    ``<prefix>/<key>`` at its step (``train/loss``, ``train/lr``, ``val/cond_mse_t500``, …).
+
+    ``purge_step`` (a resume's first step) drops the events at and after it that an earlier attempt
+    wrote past the state it resumes from, as ``JsonlLog.truncate_after`` does for the JSON lines."""
+
+    def __init__(self, folder: Path, enabled: bool, purge_step: int | None = None):
+        self.writer: Any = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(folder), purge_step=purge_step, flush_secs=10)
+
+    def scalars(self, prefix: str, step: int, record: Mapping[str, Any]) -> None:
+        if self.writer is None:
+            return
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float) and math.isfinite(value):
+                self.writer.add_scalar(f"{prefix}/{key}", float(value), step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+# (title, keys, log y): the panels of curves_png; a key a stage does not log is left out
+CURVE_PANELS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("train loss", ("loss", "critic_loss", "gen_loss"), True),
+    ("learning rate", ("lr",), False),
+    ("grad norm", ("grad_norm",), True),
+    ("samples / s", ("samples_per_s",), False),
+)
+
+
+def curves_png(train: Sequence[Mapping[str, Any]], val: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """A run's curves over optimizer steps, one panel each: the CURVE_PANELS of the train records and
+    the validation MSE per mode (mean over t) and per t of the cond mode. None when nothing is logged."""
+    from gc25d_core.plots import line_plot_png, stack_png
+
+    def panel(title: str, records: Sequence[Mapping[str, Any]], keys: Sequence[str], log_y: bool):
+        series = {k: [r.get(k) for r in records] for k in keys if any(k in r for r in records)}
+        if not series:
+            return None
+        steps = [float(r.get("step", 0)) for r in records]
+        return line_plot_png(
+            series, title, title, x={k: steps for k in series}, log_y=log_y, xlabel="step", size=(760, 260)
+        )
+
+    val_keys = sorted({k for r in val for k in r})
+    panels = [panel(t, train, keys, log_y) for t, keys, log_y in CURVE_PANELS]
+    panels.append(panel("val MSE per mode", val, [k for k in val_keys if k.endswith("_mse")], True))
+    panels.append(panel("val cond MSE per t", val, [k for k in val_keys if k.startswith("cond_mse_t")], True))
+    drawn = [p for p in panels if p is not None]
+    return stack_png(drawn) if drawn else None
 
 
 class StepSums:

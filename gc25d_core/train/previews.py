@@ -12,13 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import torch
 
 from gc25d_core.config import Gc25dConfig
 
-CURVE_MODES = (("cond", (40, 90, 220)), ("uncond", (220, 60, 40)), ("null_text", (60, 160, 60)))
+GAP_MODES = ("cond", "uncond", "null_text")
 
 
 def val_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -28,50 +26,27 @@ def val_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def curves_png(records: list[dict[str, Any]], timesteps: tuple[int, ...] = (200, 500, 800)) -> bytes:
-    """One panel per t: validation MSE against step for cond / uncond / null text (drawn with
-    OpenCV: no plotting library needed for three lines)."""
-    from gc25d_core.preview import png_bytes
+    """One panel per t: validation MSE against step for cond / uncond / null text, the panels
+    stacked (gc25d_core.plots; the stage asset's ``curves`` shows the mean over t)."""
+    from gc25d_core.plots import line_plot_png, stack_png
 
-    pw, ph, m = 320, 220, 38
-    img = np.full((ph + 30, pw * len(timesteps), 3), 255, np.uint8)
-    steps = [r["step"] for r in records]
-    for k, t in enumerate(timesteps):
-        x0 = k * pw
-        keys = [f"{mode}_mse_t{t}" for mode, _ in CURVE_MODES]
-        vals = [r[key] for r in records for key in keys if key in r]
-        if not vals or not steps:
-            continue
-        lo, hi = min(vals), max(vals)
-        lo, hi = (lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-        s0, s1 = min(steps), max(max(steps), min(steps) + 1)
-
-        def xy(
-            step: float, v: float, x0: int = x0, lo: float = lo, hi: float = hi, s0=s0, s1=s1
-        ) -> tuple[int, int]:
-            return (
-                int(x0 + m + (step - s0) / (s1 - s0) * (pw - m - 10)),
-                int(10 + (hi - v) / (hi - lo) * (ph - m - 10)),
+    panels = []
+    for t in timesteps:
+        keys = {mode: f"{mode}_mse_t{t}" for mode in GAP_MODES}
+        rows = [r for r in records if keys["cond"] in r]
+        series = {mode: [r.get(key) for r in rows] for mode, key in keys.items()}
+        steps = [float(r["step"]) for r in rows]
+        panels.append(
+            line_plot_png(
+                series,
+                f"val MSE at t={t}: cond / uncond / null text",
+                "MSE",
+                x={mode: steps for mode in series},
+                xlabel="step",
+                size=(760, 260),
             )
-
-        cv2.rectangle(img, xy(s0, hi), xy(s1, lo), (180, 180, 180), 1)
-        for v in (lo, hi):
-            cv2.putText(
-                img, f"{v:.3f}", (x0 + 1, xy(s0, v)[1] + 4), cv2.FONT_HERSHEY_SIMPLEX, 0.3, (0, 0, 0), 1
-            )
-        cv2.putText(img, f"t={t}", (x0 + m + 4, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
-        cv2.putText(
-            img, f"step {s0}..{s1}", (x0 + m, ph - m + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (0, 0, 0), 1
         )
-        for (mode, colour), key in zip(CURVE_MODES, keys, strict=True):
-            pts = [xy(r["step"], r[key]) for r in records if key in r]
-            for a, b in zip(pts, pts[1:], strict=False):
-                cv2.line(img, a, b, colour, 2 if mode != "null_text" else 1, cv2.LINE_AA)
-            for p in pts:
-                cv2.circle(img, p, 2, colour, -1)
-    for i, (mode, colour) in enumerate(CURVE_MODES):
-        cv2.line(img, (10 + 130 * i, ph + 15), (40 + 130 * i, ph + 15), colour, 2)
-        cv2.putText(img, mode, (45 + 130 * i, ph + 19), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
-    return png_bytes(img)
+    return stack_png(panels)
 
 
 def gap_table(

@@ -24,6 +24,25 @@ from gc25d_core.train.engine import (
 )
 from gc25d_core.train.state import SlotReader, SlotWriter
 
+# DeepSpeed's CPU accelerator compiles this C++ op (its shared-memory collectives) on first use
+CPU_COMM_OP = "deepspeed_shm_comm"
+
+
+def cpu_op_build_note() -> str | None:
+    """What to say before DeepSpeed starts on CPU when its communication op is not built yet: the
+    compile takes about a minute with no output of its own. None when a build is cached."""
+    import os
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    if any(root.glob(f"**/{CPU_COMM_OP}/{CPU_COMM_OP}.so")):
+        return None
+    return (
+        f"DeepSpeed is compiling its CPU op {CPU_COMM_OP} (first use in {root}): about a minute without "
+        "output; later runs load it from there"
+    )
+
 
 class _Zero2Trained:
     """ZeRO-2 through accelerate's DeepSpeed plugin (``via: accelerate``) or ``deepspeed.initialize``

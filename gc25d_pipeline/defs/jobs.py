@@ -12,11 +12,13 @@ full_chain = dg.define_asset_job(
 )
 
 # Per snapshot partition: train the teacher and pick it (launched from the UI or CLI for a chosen
-# snapshot, e.g. `dagster job launch -j sft_job --tags '{"dagster/partition": "v000001"}'`). The
+# snapshot, e.g. `python -m gc25d_pipeline.cli launch sft_job v000001`, which prints the run id). The
 # distillation after the pick is distill_chain_job's, so a pick never runs the stages twice at once.
 sft_job = dg.define_asset_job(
     "sft_job",
     selection=dg.AssetSelection.assets("sft", "sft_teacher"),
+    description="Per snapshot partition: train (or resume) the SFT teacher, then pick it (SPEC §10) "
+    "into teacher.json; the distillation chain starts from that pick (teacher_pick_sensor)",
     tags={"gpu": "true", "dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"},
 )
 
@@ -25,5 +27,6 @@ sft_job = dg.define_asset_job(
 distill_chain_job = dg.define_asset_job(
     "distill_chain_job",
     selection=dg.AssetSelection.assets("stage1_tf", "stage2_cd", "stage3_dmd", "eval"),
+    description="Per snapshot partition, after a teacher pick: stage 1 → stage 2 → stage 3 → eval",
     tags={"gpu": "true", "dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"},
 )

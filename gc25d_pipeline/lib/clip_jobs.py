@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_pipeline.lib.launcher import JobLauncher
@@ -13,8 +14,12 @@ from gc25d_pipeline.lib.project import Gc25dProject
 
 
 class ClipJobConfig(dg.Config):
-    nproc_per_node: int = 0  # 0: the launcher's default (configs' distributed.nproc_per_node)
-    limit: int = 0  # only the first N clips (smoke runs); 0 = all
+    nproc_per_node: int = Field(
+        default=0, ge=0, description="ranks of this job's torchrun; 0: the launcher's (torchrun resource)"
+    )
+    limit: int = Field(
+        default=0, ge=0, description="only the first N clips by clip_id (smoke runs); 0: every clip"
+    )
 
 
 PreviewFn = Callable[[Gc25dConfig], bytes | None]

@@ -50,6 +50,18 @@ _PEER_LOSS_MARKERS = (
     "SIGINT",
 )
 _NODE_DIR = re.compile(r"^node-(\d+)$")
+# Errors of the job's inputs (config, names, manifests, weights, hand-offs): the same on every attempt,
+# so the step fails at once instead of retrying for minutes. torchrun's error.json message is
+# "<ExceptionType>: <text>".
+PERMANENT_ERRORS = (
+    "ConfigError",
+    "InvalidNameError",
+    "ManifestError",
+    "SampleSchemaError",
+    "WeightsError",
+    "ExportError",
+    "PickError",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,10 @@ class RankError:
     @property
     def is_peer_loss(self) -> bool:
         return any(m in self.message for m in _PEER_LOSS_MARKERS)
+
+    @property
+    def is_permanent(self) -> bool:
+        return self.message.split(":", 1)[0].strip() in PERMANENT_ERRORS
 
     @property
     def where(self) -> str:
@@ -123,7 +139,9 @@ def rank_failure(
         desc = f"{module}: {root.where} failed: {root.message}"
         if not headline.startswith("torchrun"):
             desc += f" ({headline})"
-    return dg.Failure(description=desc, metadata=md)
+    if root.is_permanent:
+        desc += " (not retried: the same inputs fail the same way on every attempt)"
+    return dg.Failure(description=desc, metadata=md, allow_retries=not root.is_permanent)
 
 
 @dataclass(frozen=True)
@@ -177,7 +195,9 @@ class JobLauncher(dg.ConfigurableResource):
         default=0, description="torchrun-internal restarts (Dagster retries are preferred)"
     )
     python: str = Field(default=sys.executable, description="interpreter that runs torchrun and the ranks")
-    extra_env: dict[str, str] = Field(default_factory=dict)
+    extra_env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables every rank gets on top of the launcher's"
+    )
 
     def launch(
         self,

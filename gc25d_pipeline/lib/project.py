@@ -20,22 +20,33 @@ from gc25d_core.names import InvalidNameError, path_under
 class ArtifactStore(dg.ConfigurableResource):
     """Where processed data and run folders go; None keeps the preset's paths."""
 
-    data_root: str | None = None
-    runs_root: str | None = None
+    data_root: str | None = Field(
+        default=None, description="processed data (SPEC §5 layout); None: the preset's paths.data_root"
+    )
+    runs_root: str | None = Field(
+        default=None, description="run folders <stage>/<partition>/; None: the preset's paths.runs_root"
+    )
 
 
 class RawDataset(dg.ConfigurableResource):
     """The raw dataset the graph reads: the built-in code world (generated) or a real v10 snapshot."""
 
     kind: str | None = Field(default=None, description="'codeworld' or 'v10'; None keeps the preset's")
-    root: str | None = None
+    root: str | None = Field(
+        default=None, description="the raw snapshot's folder; None: the preset's raw.root"
+    )
 
 
 class Gc25dProject(dg.ConfigurableResource):
+    """The run config every asset resolves: defaults < configs/<preset>.yaml < overrides < store / raw
+    (GC25D_PRESET, GC25D_OVERRIDES)."""
+
     preset: str = Field(default="tiny", description="configs/<preset>.yaml or a path to a YAML file")
-    overrides: list[str] = Field(default_factory=list, description="dotted key=value overrides")
-    store: ArtifactStore = Field(default_factory=ArtifactStore)
-    raw: RawDataset = Field(default_factory=RawDataset)
+    overrides: list[str] = Field(
+        default_factory=list, description="dotted key=value overrides, e.g. paths.data_root=/nvme/gc25d"
+    )
+    store: ArtifactStore = Field(default_factory=ArtifactStore, description="where data and run folders go")
+    raw: RawDataset = Field(default_factory=RawDataset, description="the raw dataset the graph reads")
 
     def config(self) -> Gc25dConfig:
         tree: dict[str, Any] = parse_overrides(self.overrides)
@@ -66,7 +77,8 @@ class Gc25dProject(dg.ConfigurableResource):
                 path = path_under(path, context.run.run_id, "run id")
         except InvalidNameError as e:
             raise dg.Failure(f"run folder of {stage!r}: {e}", allow_retries=False) from None
-        return path
+        # absolute (not resolved: a checked folder stays as named), so metadata and logs name it fully
+        return Path(os.path.abspath(path))
 
 
 def default_project() -> Gc25dProject:

@@ -21,15 +21,18 @@ from typing import Any, Literal, NamedTuple
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.cache.manifest import parse_snapshot_id
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
 from gc25d_core.train.handoff import read_handoff
+from gc25d_core.train.loop import TENSORBOARD_DIR
+from gc25d_core.train.metrics import JsonlLog, curves_png
 from gc25d_core.train.presets import STAGES, with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
+from gc25d_pipeline.lib.clip_jobs import png_markdown
 from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
+from gc25d_pipeline.lib.snapshots import published_snapshot
 
 # Definition metadata naming the run folder (under the runs root) an asset's files live in: a stage
 # asset's own name, or for sft_teacher the folder of the sft run it picks from. init_from reads it
@@ -74,16 +77,6 @@ def run_folder_of(asset: dg.AssetsDefinition) -> str:
             "folder a hand-off file could be read from (build it with stage_asset, or declare it)"
         )
     return folder
-
-
-def manifest_version_of(partition_key: str) -> int:
-    """ "v000123" → 123; a key that is not a snapshot id fails without retries (a retry cannot fix it)."""
-    version = parse_snapshot_id(partition_key)
-    if version is None:
-        raise dg.Failure(
-            f"partition key {partition_key!r} is not a snapshot id like v000123", allow_retries=False
-        )
-    return version
 
 
 def handoff_path(
@@ -192,7 +185,9 @@ def stage_asset(
         torchrun: JobLauncher,
     ) -> dg.MaterializeResult:
         base = project.config()
-        overrides: dict[str, Any] = {"data": {"manifest_version": manifest_version_of(context.partition_key)}}
+        # checked before launch: a partition without its snapshot cannot train, on any retry
+        version = published_snapshot(base, context.partition_key)
+        overrides: dict[str, Any] = {"data": {"manifest_version": version}}
         handoffs = {}
         for field, source in sources.items():
             handoffs[field] = handoff_path(project, base, source, context)
@@ -210,20 +205,30 @@ def stage_asset(
             ["--fresh"] if config.fresh else []
         )
         mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
-        if not handoffs and previews is None:
-            return mat
-        # the launch's summary, which hand-off files this run started from, and its previews
+        # the launch's summary, the run's curves, its previews, and which hand-off files it started from
         launched = {
             **(mat.metadata or {}),
+            **curves_metadata(run_dir),
             **(previews(run_dir, cfg, context.log) if previews is not None else {}),
-            **{
-                "init_handoff" if f == "model" else f"{f}_handoff": dg.MetadataValue.path(str(p))
-                for f, p in handoffs.items()
-            },
         }
+        for f, p in handoffs.items():
+            launched["init_handoff" if f == "model" else f"{f}_handoff"] = dg.MetadataValue.path(str(p))
         return dg.MaterializeResult(metadata=launched, data_version=mat.data_version)
 
     return _asset
+
+
+def curves_metadata(run_dir: Path) -> dict[str, Any]:
+    """The run's curves as a PNG (gc25d_core.train.metrics.curves_png) and where its TensorBoard
+    event files are (``tensorboard --logdir`` on that folder or any folder above it)."""
+    train = JsonlLog(run_dir / "metrics.jsonl", enabled=False).records()
+    val = JsonlLog(run_dir / "val.jsonl", enabled=False).records()
+    md: dict[str, Any] = {}
+    if (png := curves_png(train, val)) is not None:
+        md["curves"] = png_markdown(png, "training curves")
+    if (run_dir / TENSORBOARD_DIR).is_dir():
+        md["tensorboard"] = dg.MetadataValue.path(str(run_dir / TENSORBOARD_DIR))
+    return md
 
 
 def _key_of(dep: dg.AssetsDefinition | str) -> dg.AssetKey:

@@ -60,7 +60,9 @@ class TorchrunLauncher(JobLauncher):
         default=None, description="host:port of this machine for multi-node; None = --standalone"
     )
     rdzv_backend: str = Field(default="c10d", description="only c10d (the rendezvous the peers join)")
-    termination_timeout_s: float = 20.0
+    termination_timeout_s: float = Field(
+        default=20.0, description="seconds between forwarding SIGINT to torchrun and killing it"
+    )
 
     def command(self, module: str, args: list[str], log_dir: Path, rdzv_id: str = "none") -> list[str]:
         """The node-0 torchrun command (``--log-dir`` is ``log_dir/node-0``)."""

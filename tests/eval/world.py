@@ -1,4 +1,4 @@
-"""A tiny world for the evaluation: tests/train/world.py's synthetic clips at starts 0, 96, 192 per
+"""A tiny world for the evaluation: gc25d_core/train/synthetic.py's clips at starts 0, 96, 192 per
 run, the val run's clips with an extension (cond_ext: ids of frames s+81..s+108, 7 prompts), packed
 into a published snapshot."""
 

@@ -1,4 +1,4 @@
-"""bench/bench_dit_h200.py runs every probe on the tiny model on CPU and prints JSON lines."""
+"""bench/dit.py runs every probe on the tiny model on CPU and prints JSON lines."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_bench_tiny_cpu_smoke():
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "bench" / "bench_dit_h200.py"),
+            str(REPO / "bench" / "dit.py"),
             "--tiny",
             "--device",
             "cpu",

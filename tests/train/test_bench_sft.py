@@ -1,16 +1,13 @@
-"""bench/bench_sft_h200.py's pieces that decide what a GPU run reports: variant composition and the
+"""bench/sft.py's pieces that decide what a GPU run reports: variant composition and the
 step-time statistics (the GPU run itself is recorded in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import bench_sft_h200 as bench  # noqa: E402
+from bench import sft as bench
 
 
 def test_variant_modifiers_merge_on_top_of_the_base():

@@ -24,7 +24,7 @@ from gc25d_core.vocab import UNKNOWN
 from tests.train.world import sft_world
 
 CURVE_KEYS = ("loss", "mse", "t_mean", "grad_norm", "lr", "cond_lr", "sem_rms", "x_rms", "epoch")
-# two steps as bench/bench_sft_h200.py runs them: no final state or export, no DataLoader worker
+# two steps as bench/sft.py runs them: no final state or export, no DataLoader worker
 BENCH_SFT = {
     "engine": "torch",
     "max_steps": 2,
@@ -184,6 +184,15 @@ def test_ti2v_inputs_and_loss_mask(world):
     assert cell_mse(pred, target).item() == pytest.approx(1 / 20)
 
 
+def tb_scalars(run_dir, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of one TensorBoard scalar as TensorBoard reads the run's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, round(e.value, 6)) for e in acc.Scalars(tag)]
+
+
 def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     sft = {
         "engine": "torch",
@@ -207,6 +216,10 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         return [{k: json.loads(x)[k] for k in CURVE_KEYS} for x in lines]
 
     assert curve("full") == curve("part")
+    # the TensorBoard curves of the resumed run: each step once, the same values as the full run
+    assert tb_scalars(tmp_path / "part", "train/loss") == tb_scalars(tmp_path / "full", "train/loss")
+    assert [s for s, _ in tb_scalars(tmp_path / "part", "train/loss")] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in tb_scalars(tmp_path / "part", "val/cond_mse")] == [3, 4, 6]  # 4: the last of part
     a = torch.load(tmp_path / "full/state/step-000006/model.pt", weights_only=True)
     b = torch.load(tmp_path / "part/state/step-000006/model.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -272,7 +285,7 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
 
 
 def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread):
-    """state_final / export_final off (what bench/bench_sft_h200.py asks): the last step writes
+    """state_final / export_final off (what bench/sft.py asks): the last step writes
     neither the rotating state nor an export; the run still finishes and says so."""
     out = run_stage(with_sft(world, "tiny", BENCH_SFT), "sft", tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []

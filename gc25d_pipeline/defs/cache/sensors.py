@@ -16,7 +16,13 @@ snapshot_job = dg.define_asset_job(
 )
 
 
-@dg.sensor(job=snapshot_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(
+    job=snapshot_job,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every minute: one cache_snapshots partition and one verification run (cache_snapshot) "
+    "per snapshot that training_cache has published since the last tick (manifests/vNNNNNN.json)",
+)
 def cache_snapshot_sensor(context: dg.SensorEvaluationContext, project: Gc25dProject):
     """Cursor = the highest snapshot version seen; run_key = snapshot id (idempotent if the cursor is lost)."""
     store = open_cache_store(project.config())
@@ -28,11 +34,5 @@ def cache_snapshot_sensor(context: dg.SensorEvaluationContext, project: Gc25dPro
     return dg.SensorResult(
         run_requests=[dg.RunRequest(partition_key=k, run_key=k) for k in keys],
         dynamic_partitions_requests=[cache_snapshots.build_add_request(keys)],
-        asset_events=[
-            dg.AssetObservation(
-                "dataset_manifest", metadata={"snapshot": k}, tags={"dagster/data_version": k}
-            )
-            for k in keys
-        ],
         cursor=str(max(new)),
     )

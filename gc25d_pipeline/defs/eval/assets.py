@@ -19,7 +19,8 @@ from gc25d_pipeline.defs.deploy.assets import deploy_export
 from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
 from gc25d_pipeline.lib.clip_jobs import png_markdown
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.stage_assets import manifest_version_of, run_folder_of
+from gc25d_pipeline.lib.snapshots import published_snapshot
+from gc25d_pipeline.lib.stage_assets import run_folder_of
 
 
 class EvalSource(NamedTuple):
@@ -43,7 +44,9 @@ class EvalRunConfig(dg.Config):
     chain241_chains: int = Field(default=2, ge=0, description="val runs of chain241 (0: skip)")
     teacher_steps: int = Field(default=40, ge=1, description="Euler steps of the bidirectional teacher")
     decode: bool = Field(default=True, description="decode rollouts with the VAE for the pixel metrics")
-    seed: int = 0
+    seed: int = Field(
+        default=0, description="seed of the rollouts' noise (the same seed: comparable exports)"
+    )
 
 
 def available_exports(
@@ -85,8 +88,8 @@ def eval_asset(
     from gc25d_core.eval.report import write_reports
     from gc25d_core.train.model import pick_device
 
-    version = manifest_version_of(context.partition_key)
     cfg = project.config()
+    version = published_snapshot(cfg, context.partition_key)
     exports, skipped = available_exports(project, context)
     for line in skipped:
         context.log.info(f"not evaluated (not produced yet): {line}")

@@ -1,15 +1,18 @@
 """Operational assets: the distributed health check that proves the torchrun path end to end."""
 
 import dagster as dg
+from pydantic import Field
 
 from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
 
 
 class ClusterCheckConfig(dg.Config):
-    steps: int = 6
-    step_seconds: float = 0.0
-    fresh: bool = False
+    steps: int = Field(default=6, ge=1, description="all-reduce + checkpoint steps")
+    step_seconds: float = Field(
+        default=0.0, ge=0, description="sleep per step (a long check to kill or terminate in tests)"
+    )
+    fresh: bool = Field(default=False, description="ignore this run's checkpoints and start at step 0")
 
 
 @dg.asset(

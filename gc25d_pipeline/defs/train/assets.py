@@ -54,7 +54,7 @@ def sft_teacher(
 ) -> dg.MaterializeResult:
     """SPEC §10: lowest mean cond val mse among steps ≥ min_step, the latest within rel_tol of it;
     written to <sft run folder>/teacher.json for the next stage."""
-    run_dir = project.run_dir(project.config(), run_folder_of(sft), context)
+    run_dir = project.run_dir(project.config(), run_folder_of(sft), context).resolve()
     resolved = run_dir / "config.yaml"
     if not resolved.is_file():
         raise dg.Failure(f"{resolved} does not exist: materialize sft for {context.partition_key} first")

@@ -2,7 +2,7 @@
 label_parts, np.savez_compressed — one process, one thread. Prints JSON lines.
 
     python -m gc25d_core.codeworld generate /tmp/full_raw --preset full   # 1280×704 code-world runs
-    OMP_NUM_THREADS=1 python bench/bench_cond_cpu.py --raw /tmp/full_raw --clips 2
+    OMP_NUM_THREADS=1 python bench/cond.py --raw /tmp/full_raw --clips 2
 """
 
 from __future__ import annotations

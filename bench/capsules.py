@@ -1,7 +1,7 @@
 """label_parts and render_capsules throughput at 832×480, frames/s on one core (issue 3).
 
 python -m gc25d_core.codeworld generate /tmp/full_raw --preset full
-OMP_NUM_THREADS=1 python bench/bench_capsules_cpu.py --raw /tmp/full_raw --frames 20
+OMP_NUM_THREADS=1 python bench/capsules.py --raw /tmp/full_raw --frames 20
 """
 
 from __future__ import annotations

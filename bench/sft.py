@@ -1,20 +1,20 @@
 """SFT step time, MFU and peak memory through the real entry point (issue 7), beside the plain stack.
 
 Builds a synthetic processed world at the v10 shapes (latents [48,21,30,52], cond [81,480,832], meta,
-index; tests/train/world.py) and publishes its training cache, then for each variant launches
+index; gc25d_core/train/synthetic.py) and publishes its training cache, then for each variant launches
 
     torchrun --nproc_per_node=N -m gc25d_core.jobs.sft --config <variant>.yaml --run-dir <dir>
 
 (full Wan2.2-TI2V-5B GcDiT, random init, ZeRO-2 bf16, micro 1 x GA 2 per GPU), and finally
-``torchrun bench/plain_zero2.py 5b <steps>`` (plain DiffSynth WanModel, ZeRO-2, GA 1, full
+``torchrun bench/baselines/plain_zero2.py 5b <steps>`` (plain DiffSynth WanModel, ZeRO-2, GA 1, full
 checkpointing) in the same lease. Prints one JSON object per line; the last is the summary.
 
 MFU per GPU = 3 * (2*P_blocks*s + 4*L*s^2*d + 4*L*s*512*d) * clips_per_gpu_step / step_s / 989e12,
 the formula of plain_zero2.py (s = 8190 tokens, P_blocks = parameters under ``blocks.``).
 
-Usage: python3 bench/bench_sft_h200.py --root /tmp/sftb --nproc 2 --steps 20 \\
+Usage: python3 bench/sft.py --root /tmp/sftb --nproc 2 --steps 20 \\
            --variants nockpt_fused,ckpt4_fused [--plain-steps 10]
-       python3 bench/bench_sft_h200.py --tiny --nproc 2 --steps 4   # CPU smoke (tiny preset, gloo)
+       python3 bench/sft.py --tiny --nproc 2 --steps 4   # CPU smoke (tiny preset, gloo)
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launch import bench_env, torchrun  # noqa: E402  (bench/, the script's own folder)
-from mfu import dit_flops, mfu  # noqa: E402
+from bench.common import bench_env, dit_flops, mfu, torchrun  # noqa: E402  # noqa: E402
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
@@ -92,7 +91,7 @@ PRESET_BASED = ("v10", "v10_1gpu", "v10_1gpu_direct")
 NAMED_BASE = {"model": {"overrides": {"per_cell_time": False}}, "zero": {"overlap_comm": True}}
 # modifiers: a variant name "a+b" is VARIANTS[a] deep-merged with MODIFIERS[b] (e.g. "..._ctas8+fa4")
 MODIFIERS: dict[str, dict[str, Any]] = {
-    # FlashAttention-4 for the self-attention (optional flash-attn-4 package: h200_pending.sh fa4)
+    # FlashAttention-4 for the self-attention (optional flash-attn-4 package: bench/suites.py fa4)
     "fa4": {"model": {"attn_backend": "fa4"}},
     # t_mod once per cell, broadcast in the blocks: no [B, L, 6, dim] tensor or per-token time MLP
     "percell": {"model": {"overrides": {"per_cell_time": True}}},
@@ -123,7 +122,7 @@ def emit(**kw: Any) -> None:
 
 
 def build_world(root: Path, tiny: bool, starts: int, steps: int):
-    from tests.train.world import sft_world
+    from gc25d_core.train.synthetic import sft_world
 
     sft = {
         "max_steps": steps,
@@ -321,7 +320,11 @@ def main(argv: list[str] | None = None) -> None:
         log = out / "plain_zero2.log"
         rc, wall = torchrun(
             args.nproc,
-            [str(ROOT / "bench" / "plain_zero2.py"), "tiny" if args.tiny else "5b", str(args.plain_steps)],
+            [
+                str(ROOT / "bench" / "baselines" / "plain_zero2.py"),
+                "tiny" if args.tiny else "5b",
+                str(args.plain_steps),
+            ],
             log,
             env,
         )

@@ -35,7 +35,7 @@ consumer's reader: socket or file reads, tarfile, torch.load; the hashes run on 
 and, for consumer_http, the median of the loopback server process's CPU seconds (Linux /proc;
 coarse, 10 ms ticks). Load average is recorded before and after.
 
-    python bench/bench_cache.py [--shards 4] [--samples-per-shard 16] [--sample-mb 4] [--reps 5]
+    python bench/cache.py [--shards 4] [--samples-per-shard 16] [--sample-mb 4] [--reps 5]
                                 [--cpus 0-3] [--workdir DIR]
 
 Needs only the standard library, torch, numpy and pydantic, with this repo on sys.path (the

@@ -8,8 +8,8 @@ Prints JSON lines:
   rel_err             stored bf16 latents vs an fp32 reference with TF32 off, and the TF32 reference itself
   gpu_util            mean GPU utilisation sampled during each timed section
 
-Usage (GPU):  python bench/bench_latents_h200.py --raw /tmp/full            (full-size code world)
-CPU smoke:    python bench/bench_latents_h200.py --tiny --device cpu --raw data/tiny/raw
+Usage (GPU):  python bench/latents.py --raw /tmp/full            (full-size code world)
+CPU smoke:    python bench/latents.py --tiny --device cpu --raw data/tiny/raw
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GcDiT vs the plain DiffSynth forward on one GPU (issue 6). Prints one JSON object per line.
 
 Random bf16 weights of the full Wan2.2-TI2V-5B + gc_sem_cond (zero last layer), clip [1,48,21,30,52],
-text [1,512,4096], semantic ids [1,81,480,832]; bf16 autocast as in bench/plain_stack_h200.py. Probes:
+text [1,512,4096], semantic ids [1,81,480,832]; bf16 autocast as in bench/baselines/plain_stack.py. Probes:
 
   forward  plain model_fn_wan_video vs GcDiT.forward over 21 cells (+ per-cell text bank variant)
   train    forward + backward with gradient checkpointing: plain, GcDiT (all blocks checkpointed),
@@ -11,8 +11,8 @@ text [1,512,4096], semantic ids [1,81,480,832]; bf16 autocast as in bench/plain_
            + 1 commit forward (target <= 0.35 s)
   tf       teacher-forcing forward + backward over [clean | noisy] (2 x 21 cells), SDPA mask and flex
 
-Usage: python bench/bench_dit_h200.py                      # GPU, full dims
-       python bench/bench_dit_h200.py --tiny --device cpu  # CPU smoke of every code path
+Usage: python bench/dit.py                      # GPU, full dims
+       python bench/dit.py --tiny --device cpu  # CPU smoke of every code path
 Options: --probes forward,train,deploy,tf  --reps 3  --ckpt-blocks 20,10,0
          --compile  (repeat the probes with fused RMSNorm + torch.compile'd blocks)
 """
@@ -31,8 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from mfu import dit_flops, mfu  # noqa: E402  (bench/, the script's own folder)
 
+from bench.common import dit_flops, mfu  # noqa: E402
 from gc25d_core.compat import import_diffsynth  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Stages 1–3 (and the SFT beside them) on one GPU through the real entry points (issues 17, 18, 19).
 
-Builds the synthetic v10-shaped world of bench_sft_h200.py (tests/train/world.py, with the rollout
+Builds the synthetic v10-shaped world of sft.py (gc25d_core/train/synthetic.py, with the rollout
 extensions stage 3 needs), random causal exports where a stage needs one (stage 2: the full 5B;
 stage 3: full width at ``--s3-blocks`` of the 30 blocks), then for each run of ``--runs``
 
@@ -9,7 +9,7 @@ stage 3: full width at ``--s3-blocks`` of the 30 blocks), then for each run of `
 (bench/stage_timer.py = the job ``python -m gc25d_core.jobs.<stage>`` with each step's phases timed).
 Runs (the stage's v10 preset plus short-run cadences, random weights):
 
-    sft        the SFT, v10 preset with 10 of 30 blocks recomputed (bench_sft_h200.py's v10_1gpu)
+    sft        the SFT, v10 preset with 10 of 30 blocks recomputed (sft.py's v10_1gpu)
     s1         stage 1 (teacher forcing, [clean | noisy] = 2 x 21 cells, full causal), SDPA + dense mask
     s1_flex    the same with ``attn_backend: flex`` (compiled flex attention, block-sparse mask)
     s2         stage 2 (teacher fwd, EMA-target fwd, student fwd + bwd; ZeRO-2), SDPA
@@ -19,7 +19,7 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
 
 ``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none.
 
-MFU (bench/mfu.py: 989 TFLOP/s, DiT-block FLOPs 2·P·s + 4·L·pairs·d + 4·L·s·512·d per forward,
+MFU (bench/common.py: 989 TFLOP/s, DiT-block FLOPs 2·P·s + 4·L·pairs·d + 4·L·s·512·d per forward,
 ×3 with backward; recomputation not counted): ``pairs`` = the query-key pairs the mask allows
 (teacher forcing: the block-causal [clean | noisy] mask; stage 3's KV-cache forwards: the cell
 against the cells it sees); ``mfu_dense`` counts every pair of the sequence (what SDPA with a dense
@@ -27,8 +27,8 @@ mask computes). Stage 2 counts the teacher and target forwards each step made, s
 forward (the draws of the step), the critic and real scores, and the backward of the exit forwards
 that hold the graph.
 
-Usage: python3 bench/bench_stages.py --root /tmp/stb --runs s1,s1_flex,sft,s2 --steps 7 --warm 2
-       python3 bench/bench_stages.py --tiny --runs sft,s1,s1_flex,s2,s3 --steps 3 --warm 1   # CPU smoke
+Usage: python3 bench/stages.py --root /tmp/stb --runs s1,s1_flex,sft,s2 --steps 7 --warm 2
+       python3 bench/stages.py --tiny --runs sft,s1,s1_flex,s2,s3 --steps 3 --warm 1   # CPU smoke
 """
 
 from __future__ import annotations
@@ -47,15 +47,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from launch import bench_env  # noqa: E402
-from mfu import PEAK_TFLOPS, forward_flops, mfu  # noqa: E402
+from bench.common import (  # noqa: E402
+    PEAK_TFLOPS,
+    bench_env,  # noqa: E402
+    forward_flops,
+    mfu,
+)
 
 TEXT_LEN = 512
 PROFILED_STEPS = 2
 STAGE_OF = {"sft": "sft", "s1": "stage1_tf", "s2": "stage2_cd", "s3": "stage3_dmd"}
-CKPT_1GPU = 10  # SFT: of the 30 blocks (bench_sft_h200.py's v10_1gpu)
+CKPT_1GPU = 10  # SFT: of the 30 blocks (sft.py's v10_1gpu)
 
 
 def emit(**kw: Any) -> None:
@@ -134,7 +137,7 @@ def run_config(
 
 
 def build_world(root: Path, tiny: bool, starts: int):
-    from tests.train.world import sft_world
+    from gc25d_core.train.synthetic import sft_world
 
     if (root / "world.json").is_file():  # built earlier in this lease (same folder)
         from gc25d_core.config import config_from_yaml
@@ -264,7 +267,7 @@ class Flops:
 
 
 def launch(nproc: int, args: list[str], log: Path, env: dict[str, str], timeout: int) -> tuple[int, float]:
-    """bench/launch.py's torchrun with a time limit: past it the launch's process group is ended
+    """bench/common.py's torchrun with a time limit: past it the launch's process group is ended
     (rc 124), so one stuck run leaves the others their time."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     t0 = time.perf_counter()

@@ -4,9 +4,9 @@ One clip of the SFT: q, k, v [1, 8190, 24, 128] bf16 (21 cells of 15x26 tokens, 
 mask. Kernels: PyTorch SDPA with its default pick (cuDNN on an H200), SDPA restricted to its flash
 (FA2) or cuDNN kernel, and FlashAttention-4 (``gc25d_core.models.fa4``, optional flash-attn-4
 package), each called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
-convention of bench/mfu.py), timed with CUDA events, median of --reps after --warmup.
+convention of bench/common.py), timed with CUDA events, median of --reps after --warmup.
 
-Usage: python bench/bench_attn_h200.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
+Usage: python bench/attention.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
 """
 
 from __future__ import annotations

@@ -1,0 +1,55 @@
+"""Shared by the benchmarks: the repository root, torchrun launches through the real entry points, and
+the MFU convention (plain_zero2.py's, research/h200_baseline.md): model FLOPs of the DiT blocks only,
+2·P·s for the matmuls plus 4·L·s²·d self-attention and 4·L·s·T·d cross-attention per forward, ×3 for
+forward + backward, against the H200's dense bf16 989 TFLOP/s."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEAK_TFLOPS = 989.0
+
+
+def bench_env() -> dict[str, str]:
+    """This environment, with DeepSpeed's compiled ops cached in the repo (built once per machine)."""
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    return env
+
+
+def torchrun(nproc: int, args: list[str], log: Path, env: dict[str, str]) -> tuple[int, float]:
+    """``python -m torch.distributed.run --standalone`` with ``args`` from the repo root, all output
+    into ``log``; (exit code, wall seconds)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    return rc, time.perf_counter() - t0
+
+
+def dit_flops(
+    block_params: int, tokens: int, dim: int, layers: int, text_len: int, train: bool = True
+) -> float:
+    """FLOPs of one clip of ``tokens`` tokens through the blocks (``train``: forward + backward)."""
+    f = 2 * block_params * tokens + 4 * layers * tokens**2 * dim + 4 * layers * tokens * text_len * dim
+    return 3 * f if train else f
+
+
+def mfu(flops: float, seconds: float) -> float:
+    """Fraction of the peak that ``flops`` in ``seconds`` is."""
+    return flops / seconds / (PEAK_TFLOPS * 1e12)
+
+
+def forward_flops(
+    block_params: int, tokens: int, dim: int, layers: int, text_len: int, attn_pairs: float | None = None
+) -> float:
+    """One forward of ``tokens`` tokens through the blocks, counting ``attn_pairs`` query-key pairs of
+    self-attention (default tokens², unmasked): 2·P·s + 4·L·pairs·d + 4·L·s·T·d. A masked attention
+    counts only the pairs its mask allows (what a block-sparse kernel needs to do)."""
+    pairs = tokens**2 if attn_pairs is None else attn_pairs
+    return 2 * block_params * tokens + 4 * layers * pairs * dim + 4 * layers * tokens * text_len * dim

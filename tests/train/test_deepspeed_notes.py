@@ -1,0 +1,31 @@
+"""What DeepSpeed does silently on CPU is said in the run log, and its accelerator warning is not
+printed by every rank."""
+
+import os
+import subprocess
+import sys
+
+from gc25d_core.train.zero2 import CPU_COMM_OP, cpu_op_build_note
+
+
+def test_the_first_cpu_op_build_is_announced_and_a_cached_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    note = cpu_op_build_note()
+    assert note is not None and CPU_COMM_OP in note and str(tmp_path) in note
+    (tmp_path / "py311_cpu" / CPU_COMM_OP).mkdir(parents=True)
+    (tmp_path / "py311_cpu" / CPU_COMM_OP / f"{CPU_COMM_OP}.so").write_bytes(b"")
+    assert cpu_op_build_note() is None
+
+
+def test_a_job_names_the_cpu_accelerator_so_deepspeed_does_not_warn():
+    code = (
+        "import os, gc25d_core.jobs.common as c\n"
+        "c._name_the_deepspeed_accelerator()\n"
+        "import deepspeed\n"
+        "print(os.environ['DS_ACCELERATOR'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "cpu"
+    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr
