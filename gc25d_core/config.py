@@ -174,6 +174,13 @@ class TinyVaeFitConfig(Strict):
     threads: int = Field(
         default=2, ge=1, description="torch CPU threads: fixed, so the fit is the same on any machine"
     )
+    norm_frames: int | None = Field(
+        default=None,
+        ge=1,
+        description="frames per train clip the latent normalisation (per-channel mean / std) is measured "
+        "on; None: whole clips, as the latents job encodes them (the first latent frame, one image "
+        "frame, has its own statistics: a short window over-weights it)",
+    )
     device: Literal["cpu", "cuda"] = Field(
         default="cpu", description="where the fit runs (cuda: the small preset's larger frames)"
     )

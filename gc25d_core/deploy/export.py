@@ -26,6 +26,19 @@ def _header(path: Path) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
+def deployed_from(path: Path | str) -> str | None:
+    """The SHA256 of the export a deploy export was copied from (its ``deploy_source``), from the
+    header only; None for any other export."""
+    raw = _header(Path(path)).get("deploy_source")
+    if raw is None:
+        return None
+    try:
+        sha = json.loads(raw).get("sha256")
+    except (ValueError, AttributeError):
+        raise ExportError(f"{path}: deploy_source metadata is not a JSON object: {raw!r}") from None
+    return sha if isinstance(sha, str) else None
+
+
 def init_chain(first: dict[str, str]) -> list[dict[str, Any]]:
     """[{path, sha256, stage, step, found}, ...] from an export's metadata ``first`` backwards."""
     chain: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 NORM_KEYS = ("norm.mean", "norm.std")
 FIT_FORMAT = "gc25d_tiny_vae38"
-FIT_VERSION = 2  # part of the inputs key: bump it when the fit's code changes what it produces
+FIT_VERSION = 3  # part of the inputs key: bump it when the fit's code changes what it produces
 
 
 def _window(
@@ -275,7 +275,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         lr=fit.lr,
         seed=fit.seed,
         crop=fit.crop,
-        norm_frames=fit.eval_frames,
+        norm_frames=fit.norm_frames,
         log=log,
         device=fit.device,
     )

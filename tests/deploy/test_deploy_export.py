@@ -95,3 +95,23 @@ def test_deploy_export_sits_between_stage3_and_eval():
     graph = defs.resolve_asset_graph()
     assert dg.AssetKey("stage3_dmd") in graph.get(dg.AssetKey("deploy_export")).parent_keys
     assert dg.AssetKey("deploy_export") in graph.get(dg.AssetKey("eval")).parent_keys
+
+
+def test_eval_leaves_out_a_deploy_copy_of_an_export_it_evaluates(tmp_path):
+    """The deploy export is stage 3's EMA with more metadata (another file hash, the same weights):
+    eval scores it only when its source is not among the evaluated exports."""
+    from gc25d_core.deploy.export import deployed_from
+    from gc25d_core.eval.evaluate import EvalExport
+    from gc25d_pipeline.defs.eval.assets import _without_deployed_copies
+
+    s3 = _chain(tmp_path)
+    deployed = tmp_path / "deploy.safetensors"
+    write_deploy_export(s3, deployed)
+    assert deployed_from(deployed) == sha256_file(s3) and deployed_from(s3) is None
+    ema = EvalExport("stage3_dmd_ema", s3, sha256_file(s3), "stage3_dmd", 10)
+    dep = EvalExport("deploy", deployed, sha256_file(deployed), "deploy", 10)
+    kept, skipped = _without_deployed_copies([ema, dep], [])
+    assert [e.label for e in kept] == ["stage3_dmd_ema"]
+    assert skipped == ["deploy: the same weights as stage3_dmd_ema (its deploy copy)"]
+    kept, skipped = _without_deployed_copies([dep], [])  # its source not evaluated: the copy is
+    assert [e.label for e in kept] == ["deploy"] and skipped == []

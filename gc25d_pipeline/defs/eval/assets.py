@@ -65,7 +65,25 @@ def available_exports(
             exports += exports_of_handoff(src.label, path)
         except ConfigError as e:
             raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
-    return exports, skipped
+    return _without_deployed_copies(exports, skipped)
+
+
+def _without_deployed_copies(
+    exports: list[EvalExport], skipped: list[str]
+) -> tuple[list[EvalExport], list[str]]:
+    """A deploy export holds the weights of the export it was copied from (stage 3's EMA by
+    default): when that one is evaluated too, its rollouts would be the same, so it is left out."""
+    from gc25d_core.deploy.export import deployed_from
+
+    by_sha = {e.sha256: e.label for e in exports if e.sha256 is not None}
+    kept: list[EvalExport] = []
+    for e in exports:
+        source = deployed_from(e.path)
+        if source is not None and source in by_sha and by_sha[source] != e.label:
+            skipped.append(f"{e.label}: the same weights as {by_sha[source]} (its deploy copy)")
+            continue
+        kept.append(e)
+    return kept, skipped
 
 
 @dg.asset(
