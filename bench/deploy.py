@@ -38,20 +38,43 @@ import torch  # noqa: E402
 
 from gc25d_core.compat import import_diffsynth  # noqa: E402
 
-LEVERS = ("exact", "compile", "fold", "vae_bf16_stream", "cudagraphs", "best")
-CUDA_ONLY = {"compile", "cudagraphs", "best"}  # inductor on a CPU costs minutes of C++ builds: opt in
+LEVERS = (
+    "exact",
+    "compile",
+    "fold",
+    "vae_bf16_stream",
+    "cudagraphs",
+    "best",
+    "static",
+    "graphs",
+    "graphs_vae",
+    "graphs_vae_stream",
+)
+CUDA_ONLY = {
+    "compile",
+    "cudagraphs",
+    "best",
+    "graphs",
+    "graphs_vae",
+    "graphs_vae_stream",
+}  # inductor on a CPU costs minutes of C++ builds: opt in
 
 
 def lever_options(name: str, cuda: bool) -> dict[str, Any]:
     stream = {"decode_dtype": "bf16", "decode_stream": cuda}
-    return {
+    options: dict[str, dict[str, Any]] = {
         "exact": {},
         "compile": {"compile": True, "fused_rmsnorm": True},
         "fold": {"fold_commit": True},
         "vae_bf16_stream": stream,
         "cudagraphs": {"compile": True, "fused_rmsnorm": True, "compile_mode": "reduce-overhead"},
         "best": {"compile": True, "fused_rmsnorm": True, "fold_commit": True, **stream},
-    }[name]
+        "static": {"static_kv": True},
+        "graphs": {"cuda_graphs": True},
+        "graphs_vae": {"cuda_graphs": True, "decode_dtype": "bf16", "decode_fast": True},
+        "graphs_vae_stream": {"cuda_graphs": True, "decode_fast": True, **stream},
+    }
+    return options[name]
 
 
 def reset_model(model: Any) -> None:
@@ -145,7 +168,7 @@ class Bench:
         self.sync()
         out["first_frame_s"] = time.perf_counter() - t_start
         latents = [first.latent.float().cpu()]
-        full_window = rt.spec.sink + rt.spec.window  # from this cell on every cell sees a full cache
+        full_window = rt.spec.sink + (rt.spec.window or 0)  # from this cell on every cell sees a full cache
         cell = 2
         while cell < full_window + a.warmup:
             ids, key = self.cell_inputs(cell)
@@ -194,6 +217,11 @@ class Bench:
             denoise_only.append(time.perf_counter() - t0)
             latents.append(o.latent.float().cpu())
             cell += 1
+        if rt.graphed is not None:
+            out["graph_replays"] = rt.graphed.replays
+            out["graphs_disabled"] = rt.graphed.disabled
+        if rt.notes:
+            out["notes"] = rt.notes
         out["cells_measured"] = len(e2e)
         out["e2e_s_per_cell"] = stats(e2e)
         out["denoise_only_s_per_cell"] = stats(denoise_only)

@@ -50,6 +50,17 @@ class RuntimeOptions(Strict):
         default=False, description="decode on a second CUDA stream (frames 1 cell later)"
     )
     decode: bool = Field(default=True, description="decode frames (off: latents only, e.g. long tests)")
+    static_kv: bool = Field(
+        default=False, description="preallocated KV buffers (models.causal.StaticKVCache; same results)"
+    )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="replay CUDA graphs of the steady-state forwards (implies static_kv; eager on a CPU)",
+    )
+    decode_fast: bool = Field(
+        default=False,
+        description="lean VAE ops + channels-last-3d conv weights + cuDNN autotune for the decode (GPU)",
+    )
 
 
 def contract_problems(meta: ExportMeta, num_keys: int, *, full_size: bool | None = None) -> list[str]:
@@ -163,7 +174,7 @@ class DeployRuntime:
         vae: Any,
         options: RuntimeOptions | None = None,
     ):
-        from gc25d_core.models.causal import CausalStreamer
+        from gc25d_core.models.causal import CausalStreamer, GraphedKVForward
         from gc25d_core.models.gcdit import TextContext
         from gc25d_core.models.vae import StreamingDecoder
 
@@ -191,14 +202,40 @@ class DeployRuntime:
             import copy
 
             self.vae = copy.deepcopy(vae).to(decode_dtype)
+        if opts.decode_fast:
+            import copy
+
+            from gc25d_core.models.vae import lean_vae_ops
+
+            if self.vae is vae:
+                self.vae = copy.deepcopy(vae)
+            lean_vae_ops(self.vae)
+            if self.cuda:
+                for m in self.vae.modules():
+                    if isinstance(m, torch.nn.Conv3d):
+                        m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+                torch.backends.cudnn.benchmark = True
         self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype)
         if opts.decode_stream and not self.cuda:
             raise ValueError("decode_stream needs a CUDA device (a second stream)")
         self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
-        self.forward = _TimedForward(model, self.sync)
+        self.graphed: GraphedKVForward | None = None
+        self.notes: list[str] = []
+        inner: Any = model
+        if opts.cuda_graphs:
+            if self.cuda:
+                self.graphed = inner = GraphedKVForward(model)
+            else:
+                self.notes.append("cuda_graphs: no CUDA device, the static cache runs eagerly")
+        self.forward = _TimedForward(inner, self.sync)
         self.streamer = CausalStreamer(
-            model, self.spec, self.axis, forward=self.forward, fold_commit=opts.fold_commit
+            model,
+            self.spec,
+            self.axis,
+            forward=self.forward,
+            fold_commit=opts.fold_commit,
+            static_kv=opts.static_kv or opts.cuda_graphs,
         )
         self.generator = torch.Generator(self.device).manual_seed(opts.seed)
         self.timing = False
