@@ -49,6 +49,7 @@ LEVERS = (
     "graphs",
     "graphs_vae",
     "graphs_vae_stream",
+    "graphs_fast",
 )
 CUDA_ONLY = {
     "compile",
@@ -57,6 +58,7 @@ CUDA_ONLY = {
     "graphs",
     "graphs_vae",
     "graphs_vae_stream",
+    "graphs_fast",
 }  # inductor on a CPU costs minutes of C++ builds: opt in
 
 
@@ -73,6 +75,7 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         "graphs": {"cuda_graphs": True},
         "graphs_vae": {"cuda_graphs": True, "decode_dtype": "bf16", "decode_fast": True},
         "graphs_vae_stream": {"cuda_graphs": True, "decode_fast": True, **stream},
+        "graphs_fast": {"cuda_graphs": True, "rotate_compile": True, "decode_fast": True, **stream},
     }
     return options[name]
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from gc25d_core.models.causal import StaticKVCache
 from gc25d_core.models.configs import NUM_SEM_COND_KEYS, NUM_WAN_KEYS_5B, full_config
 from gc25d_core.models.export import ExportError, ExportMeta
 from gc25d_core.schema import Strict
@@ -56,6 +57,10 @@ class RuntimeOptions(Strict):
     cuda_graphs: bool = Field(
         default=False,
         description="replay CUDA graphs of the steady-state forwards (implies static_kv; eager on a CPU)",
+    )
+    rotate_compile: bool = Field(
+        default=False,
+        description="the static cache's full-window key rotation as one compiled kernel (GPU)",
     )
     decode_fast: bool = Field(
         default=False,
@@ -220,6 +225,7 @@ class DeployRuntime:
             raise ValueError("decode_stream needs a CUDA device (a second stream)")
         self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
+        self._rotate_fn: Any = None
         self.graphed: GraphedKVForward | None = None
         self.notes: list[str] = []
         inner: Any = model
@@ -324,6 +330,12 @@ class DeployRuntime:
         self._pending_decode = None
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
+        cache = self.streamer.cache
+        if self.options.rotate_compile and self.cuda and isinstance(cache, StaticKVCache):
+            if self._rotate_fn is None:
+                cache.compile_rotation()
+                self._rotate_fn = cache.rotate_fn
+            cache.rotate_fn = self._rotate_fn
         self.cell = 1
         return self._decode(anchor.to(self.device))
 

@@ -444,6 +444,14 @@ class StaticKVCache(KVCache):
         self.sin_k: torch.Tensor | None = None
         self._rotated_for: int | None = None
         self._gather: dict[tuple[int, ...], torch.Tensor] = {}
+        self._tables: tuple[int, tuple[int, ...]] | None = None
+        self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
+
+    def compile_rotation(self) -> None:
+        """GPU speed: the full-window key rotation through one fused torch.compile kernel (the same
+        arithmetic up to the compiler's rounding; the eager ``apply_rope`` stays the reference and
+        runs every other shape)."""
+        self.rotate_fn = torch.compile(apply_rope, dynamic=False)
 
     def steady(self, cell: int) -> bool:
         """From ``cell`` on every forward has the same shapes and tables (full window, past the cap)."""
@@ -487,15 +495,20 @@ class StaticKVCache(KVCache):
 
     def _set_freqs(self, cell: int) -> None:
         h, w = self.grid_hw
-        cos_q, sin_q = self.rope.token_freqs(torch.tensor([query_time_position(cell, self.spec)]), h, w)
+        q_pos = query_time_position(cell, self.spec)
+        pos = rope_time_positions(torch.tensor(self.cells), cell, self.spec) if self.cells else None
+        key = (q_pos, tuple(pos.tolist()) if pos is not None else ())
+        if key == self._tables:  # a full window past the cap: the same tables every cell
+            return
+        self._tables = key
+        cos_q, sin_q = self.rope.token_freqs(torch.tensor([q_pos]), h, w)
         if self.cos_q is None or self.sin_q is None:
             self.cos_q, self.sin_q = cos_q.clone(), sin_q.clone()
         else:
             self.cos_q.copy_(cos_q)
             self.sin_q.copy_(sin_q)
-        if not self.cells:
+        if pos is None:
             return
-        pos = rope_time_positions(torch.tensor(self.cells), cell, self.spec)
         cos_k, sin_k = self.rope.token_freqs(pos, h, w)
         m = cos_k.shape[0]
         if self.cos_k is None or self.sin_k is None:
@@ -525,9 +538,10 @@ class StaticKVCache(KVCache):
         if not m or self.cos_k is None or self.sin_k is None:
             return
         cos_k, sin_k = self.cos_k[:m], self.sin_k[:m]
+        fn = self.rotate_fn if m == self.slots * self.tokens_per_cell else apply_rope
         for raw, rot in zip(self.k_raw, self.k_rot, strict=True):
             if raw is not None and rot is not None:
-                rot[:, :m].copy_(apply_rope(raw[:, :m], cos_k, sin_k, self.num_heads))
+                rot[:, :m].copy_(fn(raw[:, :m], cos_k, sin_k, self.num_heads))
 
     @torch.compiler.disable
     def attend(self, layer: int, q, k, v, rope: RopeTable, commit: bool) -> torch.Tensor:
