@@ -277,6 +277,35 @@ class Bench:
         latents[-self.args.profile_cells :] = [x.float().cpu() for x in latents[-self.args.profile_cells :]]
         return profile_summary(prof, wall_us, name, self.args.profile_cells), cell
 
+    def decode_error(self, cells: int) -> dict[str, Any]:
+        """Frames of the lossy decode variants vs the fp32 reference decode on the same (exact)
+        latents: max / mean |diff| in uint8 steps and PSNR (dB), over ``cells`` streamed cells."""
+        from gc25d_core.models.vae import StreamingDecoder, decode_copy, video_to_frames
+
+        zs = [z.to(self.dev) for z in self.exact[:cells]]
+
+        def frames(vae: Any, dtype: torch.dtype) -> list[np.ndarray]:
+            dec = StreamingDecoder(vae, dtype=dtype)
+            return [video_to_frames(dec.push(z)[0].clamp_(-1, 1)) for z in zs]
+
+        ref = frames(self.vae, torch.float32)
+        out: dict[str, Any] = {"cells": len(zs)}
+        for name, dtype, fast in (("bf16", torch.bfloat16, False), ("bf16_fast", torch.bfloat16, True)):
+            got = frames(decode_copy(self.vae, dtype, fast=fast), dtype)
+            d = np.concatenate(
+                [
+                    np.abs(a.astype(np.int16) - b.astype(np.int16)).ravel()
+                    for a, b in zip(ref, got, strict=True)
+                ]
+            )
+            mse = float(np.mean(d.astype(np.float64) ** 2))
+            out[name] = {
+                "max_abs_u8": int(d.max()),
+                "mean_abs_u8": float(d.mean()),
+                "psnr_db": float(10 * np.log10(255**2 / mse)) if mse > 0 else None,
+            }
+        return out
+
     def world(self) -> dict[str, Any]:
         """The code world's CPU cost per cell at the benchmark's geometry (one core, numpy)."""
         from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
@@ -366,6 +395,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--profile", default="", help="comma list of levers to profile (torch.profiler, steady state)"
     )
     p.add_argument("--profile-cells", type=int, default=2, help="cells under the profiler per lever")
+    p.add_argument(
+        "--decode-error-cells", type=int, default=4, help="cells decoded fp32 vs bf16 variants (0: skip)"
+    )
     args = p.parse_args(argv)
     args.profile = {x for x in args.profile.split(",") if x}
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -416,6 +448,11 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
             reset_model(bench.model)
             if bench.cuda:
                 torch.cuda.empty_cache()
+    if args.decode_error_cells and bench.exact:
+        try:
+            result["decode_error"] = bench.decode_error(args.decode_error_cells)
+        except Exception as e:
+            result["decode_error"] = {"error": f"{type(e).__name__}: {e}"}
     if args.world_cells:
         try:
             result["world"] = bench.world()

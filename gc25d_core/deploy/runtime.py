@@ -203,23 +203,10 @@ class DeployRuntime:
         self._key_idx = {k: torch.tensor([[i]], device=self.device) for k, i in self.key_index.items()}
         self.vae = vae
         decode_dtype = torch.bfloat16 if opts.decode_dtype == "bf16" else torch.float32
-        if decode_dtype != torch.float32:
-            import copy
+        if decode_dtype != torch.float32 or opts.decode_fast:
+            from gc25d_core.models.vae import decode_copy
 
-            self.vae = copy.deepcopy(vae).to(decode_dtype)
-        if opts.decode_fast:
-            import copy
-
-            from gc25d_core.models.vae import lean_vae_ops
-
-            if self.vae is vae:
-                self.vae = copy.deepcopy(vae)
-            lean_vae_ops(self.vae)
-            if self.cuda:
-                for m in self.vae.modules():
-                    if isinstance(m, torch.nn.Conv3d):
-                        m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
-                torch.backends.cudnn.benchmark = True
+            self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
         self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype)
         if opts.decode_stream and not self.cuda:
             raise ValueError("decode_stream needs a CUDA device (a second stream)")

@@ -114,6 +114,23 @@ def lean_vae_ops(vae: torch.nn.Module) -> torch.nn.Module:
     return vae
 
 
+def decode_copy(vae: WanVideoVAE38, dtype: torch.dtype = torch.float32, fast: bool = False) -> WanVideoVAE38:
+    """A copy of ``vae`` for the live decode: ``dtype`` weights; ``fast`` adds the lean ops, and on a
+    GPU channels-last-3d conv weights and cuDNN autotuning (``torch.backends.cudnn.benchmark``, a
+    process-wide switch). The input VAE is left as it is."""
+    import copy
+
+    out = copy.deepcopy(vae).to(dtype)
+    if fast:
+        lean_vae_ops(out)
+        if next(out.parameters()).is_cuda:
+            for m in out.modules():
+                if isinstance(m, torch.nn.Conv3d):
+                    m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+            torch.backends.cudnn.benchmark = True
+    return out
+
+
 def build_vae(tiny: bool = False, device: Any = "cpu") -> WanVideoVAE38:
     """A randomly initialised VAE (``device='meta'`` for key checks of the full one)."""
     with torch.device(device):
