@@ -50,6 +50,8 @@ LEVERS = (
     "graphs_vae",
     "graphs_vae_stream",
     "graphs_fast",
+    "graphs_all",
+    "graphs_all_stream",
 )
 CUDA_ONLY = {
     "compile",
@@ -59,6 +61,8 @@ CUDA_ONLY = {
     "graphs_vae",
     "graphs_vae_stream",
     "graphs_fast",
+    "graphs_all",
+    "graphs_all_stream",
 }  # inductor on a CPU costs minutes of C++ builds: opt in
 
 
@@ -76,6 +80,13 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         "graphs_vae": {"cuda_graphs": True, "decode_dtype": "bf16", "decode_fast": True},
         "graphs_vae_stream": {"cuda_graphs": True, "decode_fast": True, **stream},
         "graphs_fast": {"cuda_graphs": True, "rotate_compile": True, "decode_fast": True, **stream},
+        "graphs_all": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+        },
+        "graphs_all_stream": {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, **stream},
     }
     return options[name]
 
@@ -223,6 +234,9 @@ class Bench:
         if rt.graphed is not None:
             out["graph_replays"] = rt.graphed.replays
             out["graphs_disabled"] = rt.graphed.disabled
+        out["decode_graph_replays"] = rt.decoder.replays
+        if rt.decoder.graph_disabled:
+            out["decode_graph_disabled"] = rt.decoder.graph_disabled
         if rt.notes:
             out["notes"] = rt.notes
         out["cells_measured"] = len(e2e)

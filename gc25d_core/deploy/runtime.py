@@ -62,6 +62,9 @@ class RuntimeOptions(Strict):
         default=False,
         description="the static cache's full-window key rotation as one compiled kernel (GPU)",
     )
+    decode_graph: bool = Field(
+        default=False, description="replay a CUDA graph of the steady-state cell decode (GPU)"
+    )
     decode_fast: bool = Field(
         default=False,
         description="lean VAE ops + channels-last-3d conv weights + cuDNN autotune for the decode (GPU)",
@@ -207,7 +210,7 @@ class DeployRuntime:
             from gc25d_core.models.vae import decode_copy
 
             self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
-        self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype)
+        self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda)
         if opts.decode_stream and not self.cuda:
             raise ValueError("decode_stream needs a CUDA device (a second stream)")
         self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None
@@ -313,7 +316,7 @@ class DeployRuntime:
         """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
         if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
             raise ValueError(f"anchor latent must be [1, 48, 1, h, w], got {list(anchor.shape)}")
-        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype)
+        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype, graph=self.decoder.graph)
         self._pending_decode = None
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
