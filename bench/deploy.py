@@ -462,6 +462,12 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
             reset_model(bench.model)
             if bench.cuda:
                 torch.cuda.empty_cache()
+        if args.out is not None:  # partial results survive a run stopped at its time limit
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
+        lever = result["levers"][name]
+        e2e = (lever.get("e2e_s_per_cell") or {}).get("median")
+        print(f"[bench] {name}: e2e {e2e} s/cell, error {lever.get('error')}", file=sys.stderr, flush=True)
     if args.decode_error_cells and bench.exact:
         try:
             result["decode_error"] = bench.decode_error(args.decode_error_cells)
