@@ -597,6 +597,7 @@ class GraphedKVForward:
         self.replays = 0
         self._text_raw: torch.Tensor | None = None
         self._rotate: Any = None
+        self._cache: StaticKVCache | None = None
 
     def _eager(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
@@ -625,7 +626,7 @@ class GraphedKVForward:
 
         if not isinstance(text, TextContext) or text.index is None or text.num_groups != 1:
             return self._eager(latent, timestep, text, sem_ids, **kwargs)
-        if self._text_raw is not None and text.raw is not self._text_raw:
+        if self._text_raw is not None and text.raw is not self._text_raw and self._cache is cache:
             return self._eager(latent, timestep, text, sem_ids, **kwargs)
         commit = bool(kwargs.get("commit", False))
         want_out = bool(kwargs.get("return_output", True))
@@ -667,8 +668,20 @@ class GraphedKVForward:
             out = fn()
         return graph, out
 
+    def reset(self) -> None:
+        """Drop every graph (they point at one cache's buffers)."""
+        self.graphs.clear()
+        self.static.clear()
+        self._rotate = None
+        self._text_raw = None
+        self._cache = None
+
     def _replay(self, latent, timestep, text, sem_ids, cache, cell, commit, want_out):
         from gc25d_core.models.gcdit import TextContext
+
+        if self._cache is not cache:  # a new session's cache: capture again against its buffers
+            self.reset()
+            self._cache = cache
 
         new_cell = cache._rotated_for != cell or cache._cell != cell
         cache.begin(cell, rotate=False)
