@@ -241,7 +241,8 @@ class StreamingDecoder:
     def __init__(self, vae: WanVideoVAE38, dtype: torch.dtype = torch.float32, graph: bool = False):
         """``dtype``: the decode's compute dtype; the VAE's weights must already be in it (the deploy
         runtime's bf16 decode keeps a bf16 copy; the default fp32 is the reference). ``graph`` (GPU):
-        from the third cell on, when every cache entry is a tensor of a fixed shape, the cell's
+        from the third cell on, when every cache entry is a tensor of a fixed shape (or stays unused,
+        None: the decoder's last two convs never cache), the cell's
         decode is captured once as a CUDA graph over static inputs and replayed (the same kernels on
         the same values); a capture that fails says why in ``graph_disabled`` and stays eager."""
         self.vae = vae
@@ -261,14 +262,14 @@ class StreamingDecoder:
             and self.graph_disabled is None
             and z.is_cuda
             and self.cells >= 2
-            and all(isinstance(c, torch.Tensor) for c in self._cache)
+            and all(c is None or isinstance(c, torch.Tensor) for c in self._cache)
         )
 
     def _push_graphed(self, z: torch.Tensor) -> torch.Tensor:
         st = self._static
         if self._graph is None:
             st["z"] = z.clone()
-            st["cache_in"] = [c.clone() for c in self._cache]
+            st["cache_in"] = [None if c is None else c.clone() for c in self._cache]
 
             def body() -> tuple[torch.Tensor, list[Any]]:
                 x = self.model.conv2(_denormalise(self.vae, st["z"]))
@@ -287,7 +288,8 @@ class StreamingDecoder:
             with torch.cuda.graph(graph):
                 st["out"], st["cache_out"] = body()
             if len(st["cache_out"]) != len(st["cache_in"]) or not all(
-                isinstance(a, torch.Tensor) and a.shape == b.shape
+                (a is None and b is None)
+                or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape)
                 for a, b in zip(st["cache_out"], st["cache_in"], strict=True)
             ):
                 raise RuntimeError("the decoder's cache changed shape between cells")
@@ -295,7 +297,8 @@ class StreamingDecoder:
         st["z"].copy_(z)
         self._graph.replay()
         for a, b in zip(st["cache_in"], st["cache_out"], strict=True):
-            a.copy_(b)
+            if a is not None:
+                a.copy_(b)
         self._cache = list(st["cache_in"])
         self.replays += 1
         return st["out"].clone()
