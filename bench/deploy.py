@@ -52,6 +52,7 @@ LEVERS = (
     "graphs_fast",
     "graphs_all",
     "graphs_all_stream",
+    "graphs_compile",
 )
 CUDA_ONLY = {
     "compile",
@@ -63,6 +64,7 @@ CUDA_ONLY = {
     "graphs_fast",
     "graphs_all",
     "graphs_all_stream",
+    "graphs_compile",
 }  # inductor on a CPU costs minutes of C++ builds: opt in
 
 
@@ -85,6 +87,13 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "decode_fast": True,
             "decode_graph": True,
             "decode_dtype": "bf16",
+        },
+        "graphs_compile": {
+            "cuda_graphs": True,
+            "compile": True,
+            "rotate_compile": True,
+            "decode_fast": True,
+            **stream,
         },
         "graphs_all_stream": {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, **stream},
     }
