@@ -38,20 +38,66 @@ import torch  # noqa: E402
 
 from gc25d_core.compat import import_diffsynth  # noqa: E402
 
-LEVERS = ("exact", "compile", "fold", "vae_bf16_stream", "cudagraphs", "best")
-CUDA_ONLY = {"compile", "cudagraphs", "best"}  # inductor on a CPU costs minutes of C++ builds: opt in
+LEVERS = (
+    "exact",
+    "compile",
+    "fold",
+    "vae_bf16_stream",
+    "cudagraphs",
+    "best",
+    "static",
+    "graphs",
+    "graphs_vae",
+    "graphs_vae_stream",
+    "graphs_fast",
+    "graphs_all",
+    "graphs_all_stream",
+    "graphs_compile",
+)
+CUDA_ONLY = {
+    "compile",
+    "cudagraphs",
+    "best",
+    "graphs",
+    "graphs_vae",
+    "graphs_vae_stream",
+    "graphs_fast",
+    "graphs_all",
+    "graphs_all_stream",
+    "graphs_compile",
+}  # inductor on a CPU costs minutes of C++ builds: opt in
 
 
 def lever_options(name: str, cuda: bool) -> dict[str, Any]:
     stream = {"decode_dtype": "bf16", "decode_stream": cuda}
-    return {
+    options: dict[str, dict[str, Any]] = {
         "exact": {},
         "compile": {"compile": True, "fused_rmsnorm": True},
         "fold": {"fold_commit": True},
         "vae_bf16_stream": stream,
         "cudagraphs": {"compile": True, "fused_rmsnorm": True, "compile_mode": "reduce-overhead"},
         "best": {"compile": True, "fused_rmsnorm": True, "fold_commit": True, **stream},
-    }[name]
+        "static": {"static_kv": True},
+        "graphs": {"cuda_graphs": True},
+        "graphs_vae": {"cuda_graphs": True, "decode_dtype": "bf16", "decode_fast": True},
+        "graphs_vae_stream": {"cuda_graphs": True, "decode_fast": True, **stream},
+        "graphs_fast": {"cuda_graphs": True, "rotate_compile": True, "decode_fast": True, **stream},
+        "graphs_all": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+        },
+        "graphs_compile": {
+            "cuda_graphs": True,
+            "compile": True,
+            "rotate_compile": True,
+            "decode_fast": True,
+            **stream,
+        },
+        "graphs_all_stream": {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, **stream},
+    }
+    return options[name]
 
 
 def reset_model(model: Any) -> None:
@@ -145,7 +191,7 @@ class Bench:
         self.sync()
         out["first_frame_s"] = time.perf_counter() - t_start
         latents = [first.latent.float().cpu()]
-        full_window = rt.spec.sink + rt.spec.window  # from this cell on every cell sees a full cache
+        full_window = rt.spec.sink + (rt.spec.window or 0)  # from this cell on every cell sees a full cache
         cell = 2
         while cell < full_window + a.warmup:
             ids, key = self.cell_inputs(cell)
@@ -194,6 +240,14 @@ class Bench:
             denoise_only.append(time.perf_counter() - t0)
             latents.append(o.latent.float().cpu())
             cell += 1
+        if rt.graphed is not None:
+            out["graph_replays"] = rt.graphed.replays
+            out["graphs_disabled"] = rt.graphed.disabled
+        out["decode_graph_replays"] = rt.decoder.replays
+        if rt.decoder.graph_disabled:
+            out["decode_graph_disabled"] = rt.decoder.graph_disabled
+        if rt.notes:
+            out["notes"] = rt.notes
         out["cells_measured"] = len(e2e)
         out["e2e_s_per_cell"] = stats(e2e)
         out["denoise_only_s_per_cell"] = stats(denoise_only)
@@ -245,6 +299,35 @@ class Bench:
             wall_us = (time.perf_counter() - t0) * 1e6
         latents[-self.args.profile_cells :] = [x.float().cpu() for x in latents[-self.args.profile_cells :]]
         return profile_summary(prof, wall_us, name, self.args.profile_cells), cell
+
+    def decode_error(self, cells: int) -> dict[str, Any]:
+        """Frames of the lossy decode variants vs the fp32 reference decode on the same (exact)
+        latents: max / mean |diff| in uint8 steps and PSNR (dB), over ``cells`` streamed cells."""
+        from gc25d_core.models.vae import StreamingDecoder, decode_copy, video_to_frames
+
+        zs = [z.to(self.dev) for z in self.exact[:cells]]
+
+        def frames(vae: Any, dtype: torch.dtype) -> list[np.ndarray]:
+            dec = StreamingDecoder(vae, dtype=dtype)
+            return [video_to_frames(dec.push(z)[0].clamp_(-1, 1)) for z in zs]
+
+        ref = frames(self.vae, torch.float32)
+        out: dict[str, Any] = {"cells": len(zs)}
+        for name, dtype, fast in (("bf16", torch.bfloat16, False), ("bf16_fast", torch.bfloat16, True)):
+            got = frames(decode_copy(self.vae, dtype, fast=fast), dtype)
+            d = np.concatenate(
+                [
+                    np.abs(a.astype(np.int16) - b.astype(np.int16)).ravel()
+                    for a, b in zip(ref, got, strict=True)
+                ]
+            )
+            mse = float(np.mean(d.astype(np.float64) ** 2))
+            out[name] = {
+                "max_abs_u8": int(d.max()),
+                "mean_abs_u8": float(d.mean()),
+                "psnr_db": float(10 * np.log10(255**2 / mse)) if mse > 0 else None,
+            }
+        return out
 
     def world(self) -> dict[str, Any]:
         """The code world's CPU cost per cell at the benchmark's geometry (one core, numpy)."""
@@ -335,6 +418,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--profile", default="", help="comma list of levers to profile (torch.profiler, steady state)"
     )
     p.add_argument("--profile-cells", type=int, default=2, help="cells under the profiler per lever")
+    p.add_argument(
+        "--decode-error-cells", type=int, default=4, help="cells decoded fp32 vs bf16 variants (0: skip)"
+    )
     args = p.parse_args(argv)
     args.profile = {x for x in args.profile.split(",") if x}
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -385,6 +471,17 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
             reset_model(bench.model)
             if bench.cuda:
                 torch.cuda.empty_cache()
+        if args.out is not None:  # partial results survive a run stopped at its time limit
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
+        lever = result["levers"][name]
+        e2e = (lever.get("e2e_s_per_cell") or {}).get("median")
+        print(f"[bench] {name}: e2e {e2e} s/cell, error {lever.get('error')}", file=sys.stderr, flush=True)
+    if args.decode_error_cells and bench.exact:
+        try:
+            result["decode_error"] = bench.decode_error(args.decode_error_cells)
+        except Exception as e:
+            result["decode_error"] = {"error": f"{type(e).__name__}: {e}"}
     if args.world_cells:
         try:
             result["world"] = bench.world()

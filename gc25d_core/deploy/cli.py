@@ -34,6 +34,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-seed", type=int, default=0)
     p.add_argument("--fold-commit", action="store_true", help="fold each commit into the next forward")
     p.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="static KV buffers + CUDA graphs of the steady-state forwards (GPU; same latents)",
+    )
+    p.add_argument(
+        "--fast-decode",
+        action="store_true",
+        help="bf16 lean channels-last VAE decode (GPU; frames within a few uint8 steps of fp32)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +83,14 @@ def open_from_args(args: argparse.Namespace):
     if export is None:
         found = newest_causal_export(cfg.paths.runs_root)
         export, sha, source = found.path, found.sha256, found.source
-    opts = RuntimeOptions(seed=args.seed, fold_commit=args.fold_commit, compile=args.compile)
+    opts = RuntimeOptions(
+        seed=args.seed,
+        fold_commit=args.fold_commit,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
+        decode_dtype="bf16" if args.fast_decode else "fp32",
+        decode_fast=args.fast_decode,
+    )
     world = WorldConfig(scene=args.scene, seed=args.world_seed)
     session = open_session(
         export,

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from gc25d_core.models.causal import StaticKVCache
 from gc25d_core.models.configs import NUM_SEM_COND_KEYS, NUM_WAN_KEYS_5B, full_config
 from gc25d_core.models.export import ExportError, ExportMeta
 from gc25d_core.schema import Strict
@@ -50,6 +51,24 @@ class RuntimeOptions(Strict):
         default=False, description="decode on a second CUDA stream (frames 1 cell later)"
     )
     decode: bool = Field(default=True, description="decode frames (off: latents only, e.g. long tests)")
+    static_kv: bool = Field(
+        default=False, description="preallocated KV buffers (models.causal.StaticKVCache; same results)"
+    )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="replay CUDA graphs of the steady-state forwards (implies static_kv; eager on a CPU)",
+    )
+    rotate_compile: bool = Field(
+        default=False,
+        description="the static cache's full-window key rotation as one compiled kernel (GPU)",
+    )
+    decode_graph: bool = Field(
+        default=False, description="replay a CUDA graph of the steady-state cell decode (GPU)"
+    )
+    decode_fast: bool = Field(
+        default=False,
+        description="lean VAE ops + channels-last-3d conv weights + cuDNN autotune for the decode (GPU)",
+    )
 
 
 def contract_problems(meta: ExportMeta, num_keys: int, *, full_size: bool | None = None) -> list[str]:
@@ -163,7 +182,7 @@ class DeployRuntime:
         vae: Any,
         options: RuntimeOptions | None = None,
     ):
-        from gc25d_core.models.causal import CausalStreamer
+        from gc25d_core.models.causal import CausalStreamer, GraphedKVForward
         from gc25d_core.models.gcdit import TextContext
         from gc25d_core.models.vae import StreamingDecoder
 
@@ -187,18 +206,32 @@ class DeployRuntime:
         self._key_idx = {k: torch.tensor([[i]], device=self.device) for k, i in self.key_index.items()}
         self.vae = vae
         decode_dtype = torch.bfloat16 if opts.decode_dtype == "bf16" else torch.float32
-        if decode_dtype != torch.float32:
-            import copy
+        if decode_dtype != torch.float32 or opts.decode_fast:
+            from gc25d_core.models.vae import decode_copy
 
-            self.vae = copy.deepcopy(vae).to(decode_dtype)
-        self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype)
+            self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
+        self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda)
         if opts.decode_stream and not self.cuda:
             raise ValueError("decode_stream needs a CUDA device (a second stream)")
         self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
-        self.forward = _TimedForward(model, self.sync)
+        self._rotate_fn: Any = None
+        self.graphed: GraphedKVForward | None = None
+        self.notes: list[str] = []
+        inner: Any = model
+        if opts.cuda_graphs:
+            if self.cuda:
+                self.graphed = inner = GraphedKVForward(model)
+            else:
+                self.notes.append("cuda_graphs: no CUDA device, the static cache runs eagerly")
+        self.forward = _TimedForward(inner, self.sync)
         self.streamer = CausalStreamer(
-            model, self.spec, self.axis, forward=self.forward, fold_commit=opts.fold_commit
+            model,
+            self.spec,
+            self.axis,
+            forward=self.forward,
+            fold_commit=opts.fold_commit,
+            static_kv=opts.static_kv or opts.cuda_graphs,
         )
         self.generator = torch.Generator(self.device).manual_seed(opts.seed)
         self.timing = False
@@ -283,10 +316,16 @@ class DeployRuntime:
         """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
         if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
             raise ValueError(f"anchor latent must be [1, 48, 1, h, w], got {list(anchor.shape)}")
-        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype)
+        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype, graph=self.decoder.graph)
         self._pending_decode = None
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
+        cache = self.streamer.cache
+        if self.options.rotate_compile and self.cuda and isinstance(cache, StaticKVCache):
+            if self._rotate_fn is None:
+                cache.compile_rotation()
+                self._rotate_fn = cache.rotate_fn
+            cache.rotate_fn = self._rotate_fn
         self.cell = 1
         return self._decode(anchor.to(self.device))
 

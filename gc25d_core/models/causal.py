@@ -408,6 +408,310 @@ class KVCache:
         self._pending.clear()
 
 
+class StaticKVCache(KVCache):
+    """The KVCache rule on preallocated per-layer buffers (deploy; CUDA-graph friendly).
+
+    Per layer three buffers of ``S + 1`` cells (S = sink + window - 1, the most cached cells a query
+    can see): ``k_raw`` (un-rotated keys, cell order), ``k_rot`` (keys rotated for the current query
+    cell) and ``v``. Slot ``len(cells)`` is the current cell's: every forward writes its rotated K
+    and V there and attends over ``[:, :(len + 1) * n]``, the same tensors in the same order as the
+    KVCache's ``cat`` (so the same result, bit for bit on a CPU). A commit also writes the raw K
+    into that slot; ``end`` keeps it and compacts the buffers for the next cell (eviction keeps the
+    cell order). The cached keys are rotated once per query cell in ``begin`` (``rotate``), from
+    static cos/sin buffers. At a full window past the RoPE cap every shape and every rotation table
+    is the same from cell to cell (``steady``), so a forward can be captured once and replayed.
+    No folded commit, no grad (deploy)."""
+
+    def __init__(
+        self,
+        spec: CausalConfig,
+        num_layers: int,
+        grid_hw: tuple[int, int],
+        num_heads: int,
+        rope: RopeTable,
+    ):
+        if spec.window is None:
+            raise ValueError("a static KV cache needs a window (its size bounds the buffers)")
+        super().__init__(spec, num_layers, grid_hw, num_heads)
+        self.rope = rope
+        self.slots = spec.sink + spec.window - 1
+        self.k_raw: list[torch.Tensor | None] = [None] * num_layers
+        self.k_rot: list[torch.Tensor | None] = [None] * num_layers
+        self.v_buf: list[torch.Tensor | None] = [None] * num_layers
+        self.cos_q: torch.Tensor | None = None
+        self.sin_q: torch.Tensor | None = None
+        self.cos_k: torch.Tensor | None = None
+        self.sin_k: torch.Tensor | None = None
+        self._rotated_for: int | None = None
+        self._gather: dict[tuple[int, ...], torch.Tensor] = {}
+        self._tables: tuple[int, tuple[int, ...]] | None = None
+        self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
+
+    def compile_rotation(self) -> None:
+        """GPU speed: the full-window key rotation through one fused torch.compile kernel (the same
+        arithmetic up to the compiler's rounding; the eager ``apply_rope`` stays the reference and
+        runs every other shape)."""
+        self.rotate_fn = torch.compile(apply_rope, dynamic=False)
+
+    def steady(self, cell: int) -> bool:
+        """From ``cell`` on every forward has the same shapes and tables (full window, past the cap)."""
+        cap = self.spec.rope_cap if self.spec.rope_cap is not None else cell
+        return cell >= max(cap, self.slots) and len(self.visible_cells(cell)) == self.slots
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(raw K, V) of the cached cells of ``layer``, in cell order (tests)."""
+        k, v = self.k_raw[layer], self.v_buf[layer]
+        if k is None or v is None or not self.cells:
+            return None
+        m = len(self.cells) * self.tokens_per_cell
+        return k[:, :m], v[:, :m]
+
+    def _alloc(self, layer: int, k: torch.Tensor) -> None:
+        b, n, d = k.shape
+        if b != 1:
+            raise ValueError("the static KV cache serves one stream (batch 1)")
+        shape = (b, (self.slots + 1) * self.tokens_per_cell, d)
+        self.k_raw[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        self.k_rot[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        self.v_buf[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+
+    def evict_for(self, q_cell: int) -> None:
+        keep = self.visible_cells(q_cell)
+        if keep == self.cells:
+            return
+        slots = tuple(self.cells.index(c) for c in keep)
+        n = self.tokens_per_cell
+        if slots and slots != tuple(range(len(slots))):
+            for bufs in (self.k_raw, self.v_buf):
+                for buf in bufs:
+                    if buf is None:
+                        continue
+                    if slots not in self._gather:
+                        idx = torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots])
+                        self._gather[slots] = idx.to(buf.device)
+                    buf[:, : len(slots) * n].copy_(buf.index_select(1, self._gather[slots]))
+        self.cells = keep
+        self._rotated_for = None
+
+    def _set_freqs(self, cell: int) -> None:
+        h, w = self.grid_hw
+        q_pos = query_time_position(cell, self.spec)
+        pos = rope_time_positions(torch.tensor(self.cells), cell, self.spec) if self.cells else None
+        key = (q_pos, tuple(pos.tolist()) if pos is not None else ())
+        if key == self._tables:  # a full window past the cap: the same tables every cell
+            return
+        self._tables = key
+        cos_q, sin_q = self.rope.token_freqs(torch.tensor([q_pos]), h, w)
+        if self.cos_q is None or self.sin_q is None:
+            self.cos_q, self.sin_q = cos_q.clone(), sin_q.clone()
+        else:
+            self.cos_q.copy_(cos_q)
+            self.sin_q.copy_(sin_q)
+        if pos is None:
+            return
+        cos_k, sin_k = self.rope.token_freqs(pos, h, w)
+        m = cos_k.shape[0]
+        if self.cos_k is None or self.sin_k is None:
+            full = (self.slots * self.tokens_per_cell, cos_k.shape[1])
+            self.cos_k = torch.zeros(full, dtype=cos_k.dtype, device=cos_k.device)
+            self.sin_k = torch.zeros(full, dtype=sin_k.dtype, device=sin_k.device)
+        self.cos_k[:m].copy_(cos_k)
+        self.sin_k[:m].copy_(sin_k)
+
+    def begin(self, cell: int, rotate: bool = True) -> None:
+        """Start a forward of query ``cell``: evict, and on a new query cell set the rotation tables
+        and (``rotate``; a graph runner replays it instead) rotate the cached keys."""
+        if self.cells and cell <= self.cells[-1]:
+            raise ValueError(f"query cell {cell} must come after the cached cells {self.cells}")
+        self.evict_for(cell)
+        if self._cell != cell or self._rotated_for != cell:
+            self._cell = cell
+            self._set_freqs(cell)
+            if rotate:
+                self.rotate()
+            self._rotated_for = cell
+        self._pending.clear()
+
+    def rotate(self) -> None:
+        """Rotate every layer's cached keys for the current query cell (into ``k_rot``)."""
+        m = len(self.cells) * self.tokens_per_cell
+        if not m or self.cos_k is None or self.sin_k is None:
+            return
+        cos_k, sin_k = self.cos_k[:m], self.sin_k[:m]
+        fn = self.rotate_fn if m == self.slots * self.tokens_per_cell else apply_rope
+        for raw, rot in zip(self.k_raw, self.k_rot, strict=True):
+            if raw is not None and rot is not None:
+                rot[:, :m].copy_(fn(raw[:, :m], cos_k, sin_k, self.num_heads))
+
+    @torch.compiler.disable
+    def attend(self, layer: int, q, k, v, rope: RopeTable, commit: bool) -> torch.Tensor:
+        if self._cell is None or self.cos_q is None or self.sin_q is None:
+            raise RuntimeError("StaticKVCache.attend outside begin()/end()")
+        if self.k_raw[layer] is None:
+            self._alloc(layer, k)
+        k_raw, k_rot, v_buf = self.k_raw[layer], self.k_rot[layer], self.v_buf[layer]
+        assert k_raw is not None and k_rot is not None and v_buf is not None
+        h, n = self.num_heads, self.tokens_per_cell
+        lo = len(self.cells) * n
+        qr = apply_rope(q, self.cos_q, self.sin_q, h)
+        k_rot[:, lo : lo + n].copy_(apply_rope(k, self.cos_q, self.sin_q, h))
+        v_buf[:, lo : lo + n].copy_(v)
+        if commit:
+            k_raw[:, lo : lo + n].copy_(k)
+            self._pending[layer] = (k_raw, v_buf)
+        return sdpa(qr, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
+
+    def begin_fold(self, cell: int) -> None:
+        raise NotImplementedError("the static KV cache has no folded commit (use KVCache)")
+
+    def end(self, commit: bool) -> None:
+        """Finish the forward; a commit keeps the cell's slot and evicts for the next cell."""
+        cell = self._cell
+        if commit:
+            if cell is None or len(self._pending) != self.num_layers:
+                raise RuntimeError(f"commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers")
+            self.cells.append(cell)
+            self._pending.clear()
+            self.evict_for(cell + 1)
+            self._cell = None
+        self._pending.clear()
+
+
+class GraphedKVForward:
+    """The model's forward for deploy with CUDA graphs of the steady-state KV forwards.
+
+    Called like the model (``forward(x, t, text, sem_ids, mode="kv", cell=, cache=, commit=)``).
+    Against a ``StaticKVCache`` at a full window past the RoPE cap (``cache.steady``) every denoise
+    forward, every commit forward and the per-cell key rotation have fixed shapes, fixed buffers and
+    fixed tables: each is captured once (``torch.cuda.CUDAGraph`` over static inputs) and replayed;
+    everything else (the cells before, a fold, another cache, a CPU, grad) runs the model eagerly.
+    The graphs compute what the eager forward computes on the same buffers (tests/deploy checks
+    the eager static path equals the KVCache one; bench/deploy.py records the replay's error).
+    A capture that fails turns the graphs off and says why (``disabled``)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.graphs: dict[Any, tuple[Any, torch.Tensor | None]] = {}
+        self.static: dict[str, torch.Tensor] = {}
+        self.disabled: str | None = None
+        self.replays = 0
+        self._text_raw: torch.Tensor | None = None
+        self._rotate: Any = None
+        self._cache: StaticKVCache | None = None
+
+    def _eager(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def usable(self, latent: torch.Tensor, cell: int, cache: Any, kwargs: dict[str, Any]) -> bool:
+        return (
+            self.disabled is None
+            and latent.is_cuda
+            and not torch.is_grad_enabled()
+            and isinstance(cache, StaticKVCache)
+            and kwargs.get("fold") is None
+            and kwargs.get("sem_pooled") is None
+            and cache.steady(cell)
+        )
+
+    def __call__(self, latent, timestep, text, sem_ids=None, **kwargs: Any) -> Any:
+        cell, cache = kwargs.get("cell"), kwargs.get("cache")
+        if (
+            kwargs.get("mode") != "kv"
+            or cell is None
+            or not isinstance(cache, StaticKVCache)
+            or not self.usable(latent, cell, cache, kwargs)
+        ):
+            return self._eager(latent, timestep, text, sem_ids, **kwargs)
+        from gc25d_core.models.gcdit import TextContext
+
+        if not isinstance(text, TextContext) or text.index is None or text.num_groups != 1:
+            return self._eager(latent, timestep, text, sem_ids, **kwargs)
+        if self._text_raw is not None and text.raw is not self._text_raw and self._cache is cache:
+            return self._eager(latent, timestep, text, sem_ids, **kwargs)
+        commit = bool(kwargs.get("commit", False))
+        want_out = bool(kwargs.get("return_output", True))
+        try:
+            return self._replay(latent, timestep, text, sem_ids, cache, cell, commit, want_out)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # capture trouble: say so and stay eager from here on
+            self.disabled = f"{type(e).__name__}: {e}"
+            self.graphs.clear()
+            cache._pending.clear()
+            cache._rotated_for = None
+            return self._eager(latent, timestep, text, sem_ids, **kwargs)
+
+    def _inputs(self, latent, timestep, text, sem_ids) -> None:
+        st = self.static
+        t = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).expand(latent.shape[0])
+        new = {"x": latent, "t": t, "idx": text.index}
+        if sem_ids is not None:
+            new["sem"] = sem_ids
+        for name, value in new.items():
+            if name not in st:
+                st[name] = torch.empty_like(value, device=latent.device)
+                if name == "idx":
+                    self._text_raw = text.raw
+            if st[name].shape != value.shape or st[name].dtype != value.dtype:
+                raise RuntimeError(f"graph input {name}: {tuple(value.shape)} {value.dtype} changed")
+            st[name].copy_(value, non_blocking=True)
+
+    def _capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: kernels picked, workspaces allocated, memos filled
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph, out
+
+    def reset(self) -> None:
+        """Drop every graph (they point at one cache's buffers)."""
+        self.graphs.clear()
+        self.static.clear()
+        self._rotate = None
+        self._text_raw = None
+        self._cache = None
+
+    def _replay(self, latent, timestep, text, sem_ids, cache, cell, commit, want_out):
+        from gc25d_core.models.gcdit import TextContext
+
+        if self._cache is not cache:  # a new session's cache: capture again against its buffers
+            self.reset()
+            self._cache = cache
+
+        new_cell = cache._rotated_for != cell or cache._cell != cell
+        cache.begin(cell, rotate=False)
+        if new_cell:
+            if self._rotate is None:
+                self._rotate, _ = self._capture(lambda: cache.rotate() or torch.empty(0))
+            self._rotate.replay()
+        self._inputs(latent, timestep, text, sem_ids)
+        key = (commit, sem_ids is None, want_out)
+        if key not in self.graphs:
+            st = self.static
+            view = TextContext(text.raw, st["idx"], _shared=text._shared)
+
+            def body() -> torch.Tensor:
+                cache._pending.clear()
+                return self.model.kv_body(st["x"], st["t"], view, st.get("sem"), cache, commit, cell)
+
+            self.graphs[key] = self._capture(body)
+        graph, out = self.graphs[key]
+        graph.replay()
+        self.replays += 1
+        if commit:
+            cache._pending = {layer: None for layer in range(cache.num_layers)}
+        cache.end(commit)
+        if not want_out:
+            return None
+        assert out is not None
+        return out.clone()
+
+
 class KVStepAttention:
     """The plan of one KV-cache forward (one query cell)."""
 
@@ -528,14 +832,20 @@ class CausalStreamer:
         timesteps: Sequence[float],
         forward: Callable[..., Any] | None = None,
         fold_commit: bool = False,
+        static_kv: bool = False,
     ):
         """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
         its shards there); default the model itself. The cache is always the model's.
         ``fold_commit`` (deploy, no grad): each cell's commit runs inside the next cell's first
-        forward (4 forwards per cell instead of 5); the last cell's commit stays pending."""
+        forward (4 forwards per cell instead of 5); the last cell's commit stays pending.
+        ``static_kv`` (deploy, no grad, batch 1): the preallocated ``StaticKVCache`` (same results;
+        what ``GraphedKVForward`` replays against)."""
+        if fold_commit and static_kv:
+            raise ValueError("fold_commit and static_kv do not combine (the static cache has no fold)")
         self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)
         self.forward = model if forward is None else forward
         self.fold_commit = fold_commit
+        self.static_kv = static_kv
         self.cache: KVCache | None = None
         self.next_cell = 0
         self.pending: FoldedCommit | None = None
@@ -543,7 +853,12 @@ class CausalStreamer:
     @torch.no_grad()
     def start(self, anchor: torch.Tensor, text: TextContext, sem_ids: torch.Tensor | None = None) -> None:
         """Prefill the clean anchor cell ``[B, C, 1, H, W]`` at t=0."""
-        self.cache = self.model.new_kv_cache(self.spec, anchor.shape[-2:])
+        if self.static_kv:
+            self.cache = self.model.new_kv_cache(
+                self.spec, anchor.shape[-2:], static=True, device=anchor.device, dtype=anchor.dtype
+            )
+        else:
+            self.cache = self.model.new_kv_cache(self.spec, anchor.shape[-2:])
         self.forward(
             anchor, 0.0, text, sem_ids, mode="kv", cell=0, cache=self.cache, commit=True, return_output=False
         )

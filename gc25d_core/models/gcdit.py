@@ -35,6 +35,7 @@ from gc25d_core.models.causal import (
     KVFoldAttention,
     KVStepAttention,
     RopeTable,
+    StaticKVCache,
     check_full_sequence,
     flex_block_mask,
     group_mask,
@@ -632,10 +633,26 @@ class GcDiT(WanModel):
             return out, self._out(x[:, :n_tok], t[:, :n_tok], grid)
         return out
 
-    def new_kv_cache(self, spec: CausalConfig, latent_hw: tuple[int, int] | torch.Size) -> KVCache:
+    def new_kv_cache(
+        self,
+        spec: CausalConfig,
+        latent_hw: tuple[int, int] | torch.Size,
+        *,
+        static: bool = False,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+    ) -> KVCache:
+        """A KV cache for latent cells of ``latent_hw``; ``static``: the preallocated-buffer one
+        (``causal.StaticKVCache``, deploy / CUDA graphs) for activations of ``device``/``dtype``
+        (default: the model's)."""
         lh, lw = int(latent_hw[0]), int(latent_hw[1])
         ph, pw = self.patch_size[1], self.patch_size[2]
-        return KVCache(spec, len(self.blocks), (lh // ph, lw // pw), self.num_heads)
+        grid = (lh // ph, lw // pw)
+        if not static:
+            return KVCache(spec, len(self.blocks), grid, self.num_heads)
+        p = next(self.parameters())
+        rope = self.rope_table(torch.device(device or p.device), dtype or p.dtype)
+        return StaticKVCache(spec, len(self.blocks), grid, self.num_heads, rope)
 
     def _forward_kv(
         self, latent, cell, timestep, text, sem_ids, sem_pooled, cache, commit, return_output
@@ -665,6 +682,26 @@ class GcDiT(WanModel):
             raise
         cache.end(commit)
         return self._out(x, t, grid) if return_output else None
+
+    def kv_body(
+        self,
+        latent: torch.Tensor,
+        timestep: torch.Tensor,
+        text: TextContext,
+        sem_ids: torch.Tensor | None,
+        cache: KVCache,
+        commit: bool,
+        cell: int,
+    ) -> torch.Tensor:
+        """The blocks of a KV forward between ``cache.begin(cell)`` and ``cache.end`` (no host syncs,
+        no host tensors: what a CUDA graph captures; ``timestep`` a device tensor [B])."""
+        sem = self.encode_sem(sem_ids, None, first_cell=cell)
+        x, grid = self.embed_latents(latent, sem)
+        t, t_mod = self.embed_time(timestep.reshape(x.shape[0], 1), grid[1] * grid[2])
+        text = self.prepare_text(text)
+        rope = self.rope_table(x.device, x.dtype)
+        x = self.run_blocks(x, text, t_mod, KVStepAttention(cache, rope, commit))
+        return self._out(x, t, grid)
 
     def _forward_fold(self, latent, cell, timestep, text, sem_ids, cache, fold) -> torch.Tensor:
         """[clean cell k at t=0 | noisy cell k + 1 at ``timestep``] in one pass: the linear layers run

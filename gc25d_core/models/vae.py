@@ -114,6 +114,23 @@ def lean_vae_ops(vae: torch.nn.Module) -> torch.nn.Module:
     return vae
 
 
+def decode_copy(vae: WanVideoVAE38, dtype: torch.dtype = torch.float32, fast: bool = False) -> WanVideoVAE38:
+    """A copy of ``vae`` for the live decode: ``dtype`` weights; ``fast`` adds the lean ops, and on a
+    GPU channels-last-3d conv weights and cuDNN autotuning (``torch.backends.cudnn.benchmark``, a
+    process-wide switch). The input VAE is left as it is."""
+    import copy
+
+    out = copy.deepcopy(vae).to(dtype)
+    if fast:
+        lean_vae_ops(out)
+        if next(out.parameters()).is_cuda:
+            for m in out.modules():
+                if isinstance(m, torch.nn.Conv3d):
+                    m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+            torch.backends.cudnn.benchmark = True
+    return out
+
+
 def build_vae(tiny: bool = False, device: Any = "cpu") -> WanVideoVAE38:
     """A randomly initialised VAE (``device='meta'`` for key checks of the full one)."""
     with torch.device(device):
@@ -221,14 +238,70 @@ class StreamingDecoder:
     the cells can arrive over time and several streams can share one VAE. The result equals the
     whole-clip decode (tests/models/test_vae.py)."""
 
-    def __init__(self, vae: WanVideoVAE38, dtype: torch.dtype = torch.float32):
+    def __init__(self, vae: WanVideoVAE38, dtype: torch.dtype = torch.float32, graph: bool = False):
         """``dtype``: the decode's compute dtype; the VAE's weights must already be in it (the deploy
-        runtime's bf16 decode keeps a bf16 copy; the default fp32 is the reference)."""
+        runtime's bf16 decode keeps a bf16 copy; the default fp32 is the reference). ``graph`` (GPU):
+        from the third cell on, when every cache entry is a tensor of a fixed shape (or stays unused,
+        None: the decoder's last two convs never cache), the cell's
+        decode is captured once as a CUDA graph over static inputs and replayed (the same kernels on
+        the same values); a capture that fails says why in ``graph_disabled`` and stays eager."""
         self.vae = vae
         self.model = vae.model
         self.dtype = dtype
-        self._cache: list[torch.Tensor | None] = [None] * count_conv3d(self.model.decoder)
+        self._cache: list[Any] = [None] * count_conv3d(self.model.decoder)
         self.cells = 0
+        self.graph = graph
+        self.graph_disabled: str | None = None
+        self.replays = 0
+        self._graph: Any = None
+        self._static: dict[str, Any] = {}
+
+    def _graphable(self, z: torch.Tensor) -> bool:
+        return (
+            self.graph
+            and self.graph_disabled is None
+            and z.is_cuda
+            and self.cells >= 2
+            and all(c is None or isinstance(c, torch.Tensor) for c in self._cache)
+        )
+
+    def _push_graphed(self, z: torch.Tensor) -> torch.Tensor:
+        st = self._static
+        if self._graph is None:
+            st["z"] = z.clone()
+            st["cache_in"] = [None if c is None else c.clone() for c in self._cache]
+
+            def body() -> tuple[torch.Tensor, list[Any]]:
+                x = self.model.conv2(_denormalise(self.vae, st["z"]))
+                out, new, _ = self.model.decoder(
+                    x, feat_cache=list(st["cache_in"]), feat_idx=[0], first_chunk=False
+                )
+                return unpatchify(out, patch_size=2).float(), new
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    body()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                st["out"], st["cache_out"] = body()
+            if len(st["cache_out"]) != len(st["cache_in"]) or not all(
+                (a is None and b is None)
+                or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape)
+                for a, b in zip(st["cache_out"], st["cache_in"], strict=True)
+            ):
+                raise RuntimeError("the decoder's cache changed shape between cells")
+            self._graph = graph
+        st["z"].copy_(z)
+        self._graph.replay()
+        for a, b in zip(st["cache_in"], st["cache_out"], strict=True):
+            if a is not None:
+                a.copy_(b)
+        self._cache = list(st["cache_in"])
+        self.replays += 1
+        return st["out"].clone()
 
     @torch.no_grad()
     def push(self, z_cell: torch.Tensor) -> torch.Tensor:
@@ -239,6 +312,18 @@ class StreamingDecoder:
         if z_cell.ndim != 5 or z_cell.shape[1] != Z_DIM or z_cell.shape[2] != 1:
             raise ValueError(f"a latent cell must be [B, {Z_DIM}, 1, h, w], got {tuple(z_cell.shape)}")
         device = next(self.model.parameters()).device
+        z_cell = z_cell.to(device=device, dtype=self.dtype)
+        if self._graphable(z_cell):
+            try:
+                with torch.autocast(device_type=device.type, enabled=False):
+                    out = self._push_graphed(z_cell)
+                self.cells += 1
+                return out
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as e:  # capture trouble: stay eager, say why
+                self.graph_disabled = f"{type(e).__name__}: {e}"
+                self._graph, self._static = None, {}
         with torch.autocast(device_type=device.type, enabled=False):
             x = self.model.conv2(_denormalise(self.vae, z_cell.to(device=device, dtype=self.dtype)))
             out, self._cache, _ = self.model.decoder(

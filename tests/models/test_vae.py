@@ -155,3 +155,19 @@ def test_streaming_decode_of_21_cells_equals_the_whole_clip_decode():
     assert frames.shape == (81, 32, 48, 3) and frames.dtype == np.uint8
     with pytest.raises(ValueError, match="latent cell"):
         stream.push(z[:, :, :2])
+
+
+def test_streaming_decoder_graph_option_stays_eager_on_a_cpu_with_the_same_frames():
+    """``graph=True`` (deploy's decode_graph) replays only on a GPU; on a CPU it is the eager path."""
+    from gc25d_core.models.vae import StreamingDecoder, decode_copy
+
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True)
+    z = torch.randn(1, 48, 5, 2, 3)
+    ref = StreamingDecoder(vae)
+    got = StreamingDecoder(decode_copy(vae, fast=True), graph=True)
+    for i in range(5):
+        torch.testing.assert_close(
+            got.push(z[:, :, i : i + 1]), ref.push(z[:, :, i : i + 1]), rtol=0, atol=1e-5
+        )
+    assert got.replays == 0 and got.graph_disabled is None
