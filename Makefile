@@ -35,7 +35,7 @@ run:
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap && \
 	$(PY) -m gc25d_pipeline.cli eval-table $$snap
 
-# SFT teacher + pick on the newest snapshot only (tiny preset: 500 steps on 2 CPU ranks), then its
+# SFT teacher + pick on the newest snapshot only (tiny preset: 400 steps on 2 CPU ranks), then its
 # validation figures (cond vs uncond).
 sft:
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \

@@ -95,6 +95,20 @@ gpu_line() {
 """
 
 SUITES: dict[str, Suite] = {
+    "deploy": Suite(
+        "nvidia-h200",
+        "the live deploy cell at full 5B dims: the exact path beside CUDA graphs + fast decode (+ side stream)",
+        """timeout 560 python3 bench/deploy.py --device cuda --dims full \\
+  --levers exact,graphs,graphs_all,graphs_all_stream --cells 100 --parts 8 --max-lever-s 40 \\
+  --world-cells 0 --out "$OUT/deploy.json" > "$OUT/deploy.log" 2>&1
+tail -c 3000 "$OUT/deploy.log\"""",
+    ),
+    "small": Suite(
+        "nvidia-h200",
+        "the small preset end to end (code world -> ... -> SFT) and its cond / uncond table",
+        """timeout 560 python3 bench/small_preset.py --root /tmp/small --cpu-ranks 12 > "$OUT/small.log" 2>&1
+grep '^{' "$OUT/small.log"; tail -n 30 "$OUT/small.log\"""",
+    ),
     "sft": Suite(
         "nvidia-h200-x2",
         "NCCL bandwidth; SFT at NCCL's default, 8 CTAs, no overlap, 4 CTAs beside baselines/plain_zero2.py; "
