@@ -156,3 +156,29 @@ def video_info(path: Path | str) -> dict[str, Any]:
             first = np.frombuffer(buf, np.uint8).reshape(h, w, 3).copy()
         n += 1
     return {"frames": n, "width": w, "height": h, "first": first, "codec": meta.get("codec")}
+
+
+def animated_gif(path: Path | str, fps: float = 16.0, max_bytes: int = 4 << 20) -> bytes | None:
+    """A written preview (MP4 or GIF) as an animated GIF in memory, for places that show images but
+    no video tags (the Dagster UI's markdown drops ``<video>``); None when it would exceed
+    ``max_bytes`` (metadata travels through the run storage)."""
+    import io
+
+    from PIL import Image
+
+    path = Path(path)
+    if path.suffix == ".gif":
+        data = path.read_bytes()
+        return data if len(data) <= max_bytes else None
+    import imageio_ffmpeg
+
+    gen = imageio_ffmpeg.read_frames(str(path))
+    w, h = gen.__next__()["size"]
+    images = [Image.fromarray(np.frombuffer(buf, np.uint8).reshape(h, w, 3)) for buf in gen]
+    if not images:
+        return None
+    out = io.BytesIO()
+    images[0].save(
+        out, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0
+    )
+    return out.getvalue() if out.tell() <= max_bytes else None

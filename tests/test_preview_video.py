@@ -36,6 +36,28 @@ def test_gif_fallback_without_ffmpeg(tmp_path, monkeypatch):
     assert (info["frames"], info["width"], info["height"]) == (5, 24, 16)
 
 
+def test_the_ui_player_is_an_animated_gif_of_every_frame(tmp_path):
+    """The Dagster UI shows images in markdown but drops <video>: the player is the MP4's frames as
+    an inline animated GIF (and nothing where it would be too large for run storage)."""
+    import base64
+    import io
+
+    from PIL import Image, ImageSequence
+
+    from gc25d_pipeline.lib.clip_jobs import video_metadata
+
+    path = write_video(tmp_path / "p.mp4", _clip(t=7, h=16, w=24), fps=8)
+    md = video_metadata({"video": path, "png": None}, "preview", "clip")
+    assert set(md) == {"preview_video", "preview_player"}
+    text = md["preview_player"].value
+    assert text.startswith("![clip](data:image/gif;base64,") and "<video" not in text
+    gif = base64.b64decode(text.split("base64,", 1)[1].rstrip(")"))
+    with Image.open(io.BytesIO(gif)) as im:
+        frames = [f.convert("RGB").size for f in ImageSequence.Iterator(im)]
+    assert frames == [(24, 16)] * 7
+    assert preview.animated_gif(path, max_bytes=10) is None
+
+
 def test_side_by_side_panels_and_strip():
     ids = np.random.default_rng(0).integers(0, 20, (9, 16, 24)).astype(np.uint8)
     panels = side_by_side([_clip(9, 16, 24), colorize_ids(ids)], ["a", "b"], scale=2)

@@ -32,18 +32,19 @@ def png_markdown(png: bytes, alt: str) -> dg.MetadataValue:
 
 
 def video_metadata(media: dict[str, Any], key: str, alt: str) -> dict[str, dg.MetadataValue]:
-    """A preview video where a user looks: its path (opens in a browser), an inline player (the UI's
-    markdown may or may not pass the HTML through), and a still of 5 frames that always shows."""
+    """A preview video where a user looks: its path (the MP4 opens in a browser), the same frames as
+    an animated GIF inline (the UI's markdown shows images but drops ``<video>`` tags), and a still
+    of 5 frames."""
+    from gc25d_core.preview import animated_gif
+
     out: dict[str, dg.MetadataValue] = {}
     video = media.get("video")
     if video is not None:
         video = Path(video)
         out[f"{key}_video"] = dg.MetadataValue.path(str(video.resolve()))
-        if video.suffix == ".mp4" and video.stat().st_size <= 4 << 20:
-            b64 = base64.b64encode(video.read_bytes()).decode()
-            out[f"{key}_player"] = dg.MetadataValue.md(
-                f'<video controls loop muted src="data:video/mp4;base64,{b64}"></video>'
-            )
+        if (gif := animated_gif(video)) is not None:
+            b64 = base64.b64encode(gif).decode()
+            out[f"{key}_player"] = dg.MetadataValue.md(f"![{alt}](data:image/gif;base64,{b64})")
     if media.get("png") is not None:
         out[f"{key}_frames"] = png_markdown(media["png"], alt)
     return out
