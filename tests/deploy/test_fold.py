@@ -10,34 +10,10 @@ from gc25d_core.compat import import_diffsynth
 
 import_diffsynth()
 
-from gc25d_core.flow import DEPLOY_AXIS  # noqa: E402
-from gc25d_core.models.causal import CausalStreamer  # noqa: E402
 from gc25d_core.models.configs import DEPLOY_CAUSAL, CausalConfig  # noqa: E402
 from gc25d_core.models.gcdit import TextContext  # noqa: E402
-from gc25d_core.models.sem_cond import cell_frame_slice  # noqa: E402
-from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, make_model, random_ids  # noqa: E402
-
-
-def _rollout(model, spec, num_cells: int, fold: bool, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g)
-    bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g)
-    index = torch.randint(0, 5, (1, num_cells), generator=g)
-    ids = random_ids(1 + 4 * (num_cells - 1), seed)
-    text = TextContext.build(bank, index)
-    streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, fold_commit=fold)
-    with torch.no_grad():
-        streamer.start(anchor, text.select(index[:, :1]), ids[:, cell_frame_slice(0)])
-        gen = torch.Generator().manual_seed(seed + 1)
-        out = [
-            streamer.step(text.select(index[:, c : c + 1]), ids[:, cell_frame_slice(c)], generator=gen)
-            for c in range(1, num_cells)
-        ]
-        if fold:  # the last cell's commit is still pending: run it as a plain commit
-            p = streamer.pending
-            assert p is not None and p.cell == num_cells - 1
-            model(p.x0, 0.0, p.text, p.sem_ids, mode="kv", cell=p.cell, cache=streamer.cache, commit=True)
-    return torch.cat(out, dim=2), streamer.cache
+from tests.deploy.rollout import streamed_rollout  # noqa: E402
+from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, make_model  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -46,8 +22,8 @@ def _rollout(model, spec, num_cells: int, fold: bool, seed: int = 0):
 def test_folded_commit_equals_the_separate_commit(spec):
     model = make_model(seed=0)
     cells = 26  # past the RoPE cap (20) and a full window (sink 3 + 17)
-    ref, ref_cache = _rollout(model, spec, cells, fold=False)
-    got, cache = _rollout(model, spec, cells, fold=True)
+    ref, ref_cache = streamed_rollout(model, spec, cells)
+    got, cache = streamed_rollout(model, spec, cells, fold_commit=True)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert cache.cells == ref_cache.cells
     for a, b in zip(cache.k + cache.v, ref_cache.k + ref_cache.v, strict=True):

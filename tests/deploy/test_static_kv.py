@@ -14,27 +14,8 @@ import_diffsynth()
 from gc25d_core.flow import DEPLOY_AXIS  # noqa: E402
 from gc25d_core.models.causal import CausalStreamer, GraphedKVForward, StaticKVCache  # noqa: E402
 from gc25d_core.models.configs import DEPLOY_CAUSAL, CausalConfig  # noqa: E402
-from gc25d_core.models.gcdit import TextContext  # noqa: E402
-from gc25d_core.models.sem_cond import cell_frame_slice  # noqa: E402
-from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, make_model, random_ids  # noqa: E402
-
-
-def _rollout(model, spec, num_cells: int, static: bool, forward=None, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g)
-    bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g)
-    index = torch.randint(0, 5, (1, num_cells), generator=g)
-    ids = random_ids(1 + 4 * (num_cells - 1), seed)
-    text = TextContext.build(bank, index)
-    streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, forward=forward, static_kv=static)
-    with torch.no_grad():
-        streamer.start(anchor, text.select(index[:, :1]), ids[:, cell_frame_slice(0)])
-        gen = torch.Generator().manual_seed(seed + 1)
-        out = [
-            streamer.step(text.select(index[:, c : c + 1]), ids[:, cell_frame_slice(c)], generator=gen)
-            for c in range(1, num_cells)
-        ]
-    return torch.cat(out, dim=2), streamer.cache
+from tests.deploy.rollout import streamed_rollout  # noqa: E402
+from tests.models.tiny import LATENT_HW, make_model  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -43,8 +24,8 @@ def _rollout(model, spec, num_cells: int, static: bool, forward=None, seed: int 
 def test_static_cache_equals_the_kv_cache_exactly(spec):
     model = make_model(seed=0)
     cells = 26  # past the RoPE cap (20) and a full window (sink 3 + 17)
-    ref, ref_cache = _rollout(model, spec, cells, static=False)
-    got, cache = _rollout(model, spec, cells, static=True)
+    ref, ref_cache = streamed_rollout(model, spec, cells)
+    got, cache = streamed_rollout(model, spec, cells, static_kv=True)
     assert isinstance(cache, StaticKVCache)
     assert torch.equal(got, ref)
     assert cache.cells == ref_cache.cells
@@ -58,7 +39,7 @@ def test_static_cache_equals_the_kv_cache_exactly(spec):
 
 def test_static_cache_steady_only_at_a_full_window_past_the_cap():
     model = make_model(seed=0)
-    _, cache = _rollout(model, DEPLOY_CAUSAL, 12, static=True)
+    _, cache = streamed_rollout(model, DEPLOY_CAUSAL, 12, static_kv=True)
     assert not cache.steady(12)  # 12 cached cells < 19, positions still absolute
     with pytest.raises(NotImplementedError):
         cache.begin_fold(12)
@@ -67,9 +48,9 @@ def test_static_cache_steady_only_at_a_full_window_past_the_cap():
 def test_graph_runner_falls_back_to_eager_on_a_cpu():
     model = make_model(seed=0)
     spec = CausalConfig(sink=1, window=3, rope_cap=4)
-    ref, _ = _rollout(model, spec, 9, static=False)
+    ref, _ = streamed_rollout(model, spec, 9)
     runner = GraphedKVForward(model)
-    got, _ = _rollout(model, spec, 9, static=True, forward=runner)
+    got, _ = streamed_rollout(model, spec, 9, static_kv=True, forward=runner)
     assert torch.equal(got, ref)
     assert runner.replays == 0 and runner.disabled is None
 

@@ -1,0 +1,42 @@
+"""One streamed rollout of the tiny causal model from seeded inputs (anchor, per-cell prompts, ids),
+with any CausalStreamer option: the reference and the variant of the deploy equality tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gc25d_core.compat import import_diffsynth
+
+import_diffsynth()
+
+from gc25d_core.flow import DEPLOY_AXIS  # noqa: E402
+from gc25d_core.models.causal import CausalStreamer  # noqa: E402
+from gc25d_core.models.gcdit import TextContext  # noqa: E402
+from gc25d_core.models.sem_cond import cell_frame_slice  # noqa: E402
+from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, random_ids  # noqa: E402
+
+
+def streamed_rollout(model, spec, num_cells: int, seed: int = 0, **streamer_options: Any):
+    """(x0 of cells 1.., the streamer's cache). With ``fold_commit`` the last cell's commit is still
+    pending after its step: it runs as a plain commit, so both caches hold every committed cell."""
+    g = torch.Generator().manual_seed(seed)
+    anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g)
+    bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g)
+    index = torch.randint(0, 5, (1, num_cells), generator=g)
+    ids = random_ids(1 + 4 * (num_cells - 1), seed)
+    text = TextContext.build(bank, index)
+    streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, **streamer_options)
+    with torch.no_grad():
+        streamer.start(anchor, text.select(index[:, :1]), ids[:, cell_frame_slice(0)])
+        gen = torch.Generator().manual_seed(seed + 1)
+        out = [
+            streamer.step(text.select(index[:, c : c + 1]), ids[:, cell_frame_slice(c)], generator=gen)
+            for c in range(1, num_cells)
+        ]
+        if streamer_options.get("fold_commit"):
+            p = streamer.pending
+            assert p is not None and p.cell == num_cells - 1
+            model(p.x0, 0.0, p.text, p.sem_ids, mode="kv", cell=p.cell, cache=streamer.cache, commit=True)
+    return torch.cat(out, dim=2), streamer.cache
