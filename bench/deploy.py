@@ -54,18 +54,9 @@ LEVERS = (
     "graphs_all_stream",
     "graphs_compile",
 )
-CUDA_ONLY = {
-    "compile",
-    "cudagraphs",
-    "best",
-    "graphs",
-    "graphs_vae",
-    "graphs_vae_stream",
-    "graphs_fast",
-    "graphs_all",
-    "graphs_all_stream",
-    "graphs_compile",
-}  # inductor on a CPU costs minutes of C++ builds: opt in
+# inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
+CPU_LEVERS = ("exact", "fold", "vae_bf16_stream", "static")
+CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
 
 
 def lever_options(name: str, cuda: bool) -> dict[str, Any]:
