@@ -17,7 +17,10 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
     s3         stage 3 (DMD: critic updates on no-grad rollouts, generator update; FSDP) at
                ``--s3-blocks`` blocks, ``time_phases: true``
 
-``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none.
+``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none,
+``+L<N>`` builds N of the 30 blocks at full width (stage 3: instead of ``--s3-blocks``): the per-block
+rate with the memory a sharded run leaves (one GPU holds a 5B model's optimizer state only by
+recomputing most blocks).
 
 MFU (bench/common.py: 989 TFLOP/s, DiT-block FLOPs 2·P·s + 4·L·pairs·d + 4·L·s·512·d per forward,
 ×3 with backward; recomputation not counted): ``pairs`` = the query-key pairs the mask allows
@@ -82,26 +85,39 @@ def short_run(steps: int) -> dict[str, Any]:
     }
 
 
+def run_kind(name: str) -> str:
+    return name.split("+")[0].partition("_")[0]
+
+
+def run_layers(name: str, s3_blocks: int) -> int | None:
+    """The run's depth: ``+L<N>``, else stage 3's ``--s3-blocks``, else the preset's (None)."""
+    for m in name.split("+")[1:]:
+        if m.startswith("L") and m[1:].isdigit():
+            return int(m[1:])
+    return s3_blocks if run_kind(name) == "s3" else None
+
+
 def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: int) -> dict[str, Any]:
     from gc25d_core.config import deep_merge
 
     base, *mods = name.split("+")
     kind, _, backend = base.partition("_")
     if kind not in STAGE_OF or backend not in ("", "flex"):
-        raise SystemExit(f"unknown run {name!r}: sft, s1, s1_flex, s2, s2_flex, s3 (+ckptN, +nockpt)")
+        raise SystemExit(f"unknown run {name!r}: sft, s1, s1_flex, s2, s2_flex, s3 (+ckptN, +nockpt, +LN)")
+    layers = run_layers(name, s3_blocks)
+    depth = {} if layers is None else {"overrides": {"num_layers": layers}}
     out: dict[str, Any] = {"model": {}}
     if kind == "sft":
-        out["model"] = {"init": "random"}
+        out["model"] = deep_merge({"init": "random"}, depth)
         if not tiny:
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=CKPT_1GPU)
     elif kind == "s1":
-        out["model"] = {"init": "random"}
+        out["model"] = deep_merge({"init": "random"}, depth)
     elif kind == "s2":
-        out["model"] = {"init": "export", "export_path": str(exports["s2"])}
+        out["model"] = deep_merge({"init": "export", "export_path": str(exports.get(name, ""))}, depth)
     else:
-        layers = {"overrides": {"num_layers": s3_blocks}}
-        out["model"] = deep_merge({"init": "export", "export_path": str(exports["s3"])}, layers)
-        out["real"] = deep_merge({"init": "random"}, layers)
+        out["model"] = deep_merge({"init": "export", "export_path": str(exports.get(name, ""))}, depth)
+        out["real"] = deep_merge({"init": "random"}, depth)
         out["time_phases"] = True
     if backend:
         out["model"]["attn_backend"] = backend
@@ -110,7 +126,7 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             out["model"]["gradient_checkpointing"] = False
         elif m.startswith("ckpt") and m[4:].isdigit():
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
-        else:
+        elif not (m.startswith("L") and m[1:].isdigit()):
             raise SystemExit(f"unknown modifier +{m} in {name!r}")
     return out
 
@@ -121,7 +137,7 @@ def run_config(
     from gc25d_core.config import deep_merge
     from gc25d_core.train.presets import with_stage
 
-    stage = STAGE_OF[name.split("+")[0].partition("_")[0]]
+    stage = STAGE_OF[run_kind(name)]
     over = deep_merge(short_run(steps), run_overrides(name, tiny, exports, s3_blocks))
     if profile:
         over = deep_merge(
@@ -170,13 +186,12 @@ def dit_of(cfg, tiny: bool, layers: int | None = None):
 
 
 def export_specs(names: list[str], tiny: bool, s3_blocks: int) -> dict[str, tuple[str, int | None]]:
-    """run kind -> (export name, layers) of the exports the runs need."""
-    kinds = {n.split("+")[0].partition("_")[0] for n in names}
+    """run name -> (export name, layers) of the exports the runs start from (stages 2 and 3)."""
     specs: dict[str, tuple[str, int | None]] = {}
-    if "s2" in kinds:
-        specs["s2"] = ("s2_full", None)
-    if "s3" in kinds:
-        specs["s3"] = (f"s3_{s3_blocks}blocks", s3_blocks)
+    for n in names:
+        kind, layers = run_kind(n), run_layers(n, s3_blocks)
+        if kind in ("s2", "s3"):
+            specs[n] = (f"{kind}_{'full' if layers is None else f'{layers}blocks'}", layers)
     return specs
 
 
@@ -422,11 +437,11 @@ def main(argv: list[str] | None = None) -> None:
         from gc25d_core.config import load_config
 
         vocab_cfg = load_config("tiny" if args.tiny else "v10")
-        for name, layers in specs.values():
+        for name, layers in dict(specs.values()).items():
             make_export(args.root, name, dit_of(vocab_cfg, args.tiny, layers))
         return
     for n in names:
-        run_overrides(n, args.tiny, {"s2": Path(), "s3": Path()}, s3_blocks)  # unknown names fail first
+        run_overrides(n, args.tiny, {}, s3_blocks)  # unknown names fail first
     if not (args.root / "world.json").is_file():
         shutil.rmtree(args.root, ignore_errors=True)
     prep = None
@@ -442,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     shapes = Shapes.of(cfg)
     summary: dict[str, Any] = {"probe": "summary", "peak_tflops": PEAK_TFLOPS}
     for name in names:
-        kind = name.split("+")[0].partition("_")[0]
+        kind = run_kind(name)
         exports = {k: export_path(args.root, n) for k, (n, _) in specs.items()}
         steps = args.s3_steps if (kind == "s3" and args.s3_steps) else args.steps
         stage, rcfg = run_config(cfg, name, steps, args.tiny, exports, s3_blocks, name in profiled)
@@ -466,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
             env,
             args.timeout,
         )
-        layers = s3_blocks if kind == "s3" else None
+        layers = run_layers(name, s3_blocks)
         causal = isinstance(sec, CausalStageConfig)
         fl = Flops(
             dit_of(cfg, args.tiny, layers),
@@ -485,10 +500,13 @@ def main(argv: list[str] | None = None) -> None:
             "attn_backend": sec.model.attn_backend,
             **summarize(name, stage, run_dir, args.warm, steps, fl, sec),
         }
+        prof = run_dir / "profile"
+        if (prof / "gpu_busy.json").is_file():  # the profiled steps: busy fraction, time per kind
+            busy = json.loads((prof / "gpu_busy.json").read_text())
+            res["profile"] = {k: busy[k] for k in ("busy_frac", "gaps_s", "per_step_by_kind") if k in busy}
         emit(probe="run", run=name, **res)
         if rc != 0:
             print("\n".join(log.read_text(errors="replace").splitlines()[-40:]), flush=True)
-        prof = run_dir / "profile"
         for f in ("ops.txt", "gpu_busy.json"):
             if (prof / f).is_file():
                 shutil.copy(prof / f, out / f"{name}_{f}")

@@ -7,10 +7,27 @@ Hand-written because the profiler reports per-op device time only, with no union
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+# kernel name -> what it does, first match wins (fused attention before the GEMM names: CUTLASS and
+# flash kernels share words). Names as torch 2.11 on sm90 writes them: cuBLASLt ``nvjet_*`` /
+# ``sm90_xmma_*``, inductor ``triton_{poi,red,per}_*`` and flex templates ``*flex_attention*``.
+KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(rx, re.IGNORECASE))
+    for kind, rx in (
+        ("collective", r"nccl"),
+        ("attention_flex", r"flex_attention|flex_decoding"),
+        ("attention_fused", r"flash|fmha|efficient_attention|attention"),
+        ("gemm", r"nvjet|gemm|xmma|cutlass|cublas|wgmma"),
+        ("optimizer", r"adam|multi_tensor"),
+        ("triton_fused", r"^triton_"),
+        ("aten_elementwise", r"elementwise|reduce_kernel|copy|fill|index|cat|unrolled"),
+    )
+)
 
 
 def device_intervals(trace: Mapping[str, Any]) -> list[tuple[float, float]]:
@@ -21,6 +38,30 @@ def device_intervals(trace: Mapping[str, Any]) -> list[tuple[float, float]]:
         if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES
     ]
     return sorted(out)
+
+
+def kernel_kind(name: str) -> str:
+    for kind, rx in KERNEL_KINDS:
+        if rx.search(name):
+            return kind
+    return "other"
+
+
+def device_time_by_kind(trace: Mapping[str, Any], per: float = 1.0) -> dict[str, dict[str, float]]:
+    """Device seconds and event counts per kind of work over the window (``KERNEL_KINDS``; copies and
+    sets by their trace category), divided by ``per`` (the profiled steps): a sum over streams, so
+    overlapping streams count twice, unlike ``busy_summary``. Sorted by time, largest first."""
+    acc: dict[str, list[float]] = {}
+    for e in trace.get("traceEvents", []):
+        cat = e.get("cat")
+        if e.get("ph") != "X" or cat not in DEVICE_CATEGORIES:
+            continue
+        kind = kernel_kind(str(e.get("name", ""))) if cat == "kernel" else cat
+        slot = acc.setdefault(kind, [0.0, 0.0])
+        slot[0] += float(e.get("dur", 0.0)) / 1e6
+        slot[1] += 1
+    rows = sorted(acc.items(), key=lambda kv: -kv[1][0])
+    return {k: {"s": round(s / per, 6), "n": round(n / per, 1)} for k, (s, n) in rows}
 
 
 def busy_summary(

@@ -150,7 +150,9 @@ class StepProfiler:
         trace = self.folder / "trace.json"
         self.prof.export_chrome_trace(str(trace))
         self.prof = None
-        from gc25d_core.train.gpu_trace import busy_summary, device_intervals
+        from gc25d_core.train.gpu_trace import busy_summary, device_intervals, device_time_by_kind
 
-        busy = busy_summary(device_intervals(json.loads(trace.read_text())))
+        events = json.loads(trace.read_text())
+        busy = busy_summary(device_intervals(events))
+        busy["per_step_by_kind"] = device_time_by_kind(events, per=self.last - self.first + 1)
         atomic_write_text(self.folder / "gpu_busy.json", json.dumps(busy, indent=1))

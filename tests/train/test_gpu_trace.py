@@ -33,3 +33,35 @@ def test_overlapping_streams_count_once_and_gaps_are_ranked():
 def test_an_empty_window_is_all_zero():
     out = busy_summary([])
     assert out["window_s"] == 0 and out["busy_frac"] == 0 and out["longest_gaps"] == []
+
+
+def test_device_time_by_kind_names_the_work_per_step():
+    from gc25d_core.train.gpu_trace import device_time_by_kind, kernel_kind
+
+    names = {
+        "nvjet_tst_192x192_64x3_2x1_v_bz_coopB_TNT": "gemm",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "gemm",
+        "triton_tem_fused_flex_attention_backward_0": "attention_flex",
+        "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>": "attention_fused",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention_fused",
+        "triton_per_fused_add_mul_native_layer_norm_3": "triton_fused",
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": "collective",
+        "multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor>": "optimizer",
+        "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>": "aten_elementwise",
+        "something_new": "other",
+    }
+    assert {n: kernel_kind(n) for n in names} == names
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": "nvjet_a", "dur": 3000},
+            {"ph": "X", "cat": "kernel", "name": "nvjet_b", "dur": 1000},
+            {"ph": "X", "cat": "kernel", "name": "triton_poi_fused_mul_0", "dur": 500},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "dur": 200},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 9000},  # host: not counted
+        ]
+    }
+    out = device_time_by_kind(trace, per=2)  # two profiled steps
+    assert list(out) == ["gemm", "triton_fused", "gpu_memcpy"]
+    assert out["gemm"] == {"s": 0.002, "n": 1.0}
+    assert out["triton_fused"] == {"s": 0.00025, "n": 0.5}
+    assert out["gpu_memcpy"]["s"] == pytest.approx(1e-4)
