@@ -6,7 +6,14 @@ mask. Kernels: PyTorch SDPA with its default pick (cuDNN on an H200), SDPA restr
 package), each called the way GcDiT calls it. FLOPs = 4·s²·d·heads forward, ×3 forward + backward (the MFU
 convention of bench/common.py), timed with CUDA events, median of --reps after --warmup.
 
+``--mask tf``: the teacher-forcing attention of stages 1–2 instead ([clean | noisy] = 2 × 21 cells of
+390 tokens = 16,380, the block mask of ``models.causal``), FLOPs counted at the pairs the mask allows;
+kernels = flex attention (compiled, as GcDiT calls it) with the kernel options of ``FLEX_VARIANTS``
+(``flex_flash`` = flex's FlashAttention-4 CuTe backend, needs flash-attn-4), and SDPA with the dense
+boolean mask as the reference.
+
 Usage: python bench/attention.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
+       python bench/attention.py --mask tf --kernels flex,flex_tma,sdpa_mask
 """
 
 from __future__ import annotations
@@ -42,6 +49,42 @@ def sdpa(heads: int, backend: object | None) -> Attn:
         return out.transpose(1, 2).reshape(b, s, hd)
 
     return run
+
+
+# flex attention kernel options (torch FlexKernelOptions) tried at the teacher-forcing shape
+FLEX_VARIANTS: dict[str, dict[str, object]] = {
+    "flex": {},
+    "flex_tma": {"USE_TMA": True},
+    "flex_safe": {"ROWS_GUARANTEED_SAFE": True},  # every query sees at least its own cell
+    "flex_tma_safe": {"USE_TMA": True, "ROWS_GUARANTEED_SAFE": True},
+    "flex_m128n128w8": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    "flex_m128n64w4s3": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    "flex_bwd64": {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128, "bwd_BLOCK_N2": 64},
+    "flex_flash": {"BACKEND": "FLASH"},
+}
+
+
+def tf_kernels(heads: int, cells: int, tokens_per_cell: int) -> tuple[dict[str, Attn], float]:
+    """The teacher-forcing kernels and the fraction of query-key pairs the mask allows."""
+    from gc25d_core.models.causal import _flex_attention, flex_block_mask, group_mask, sdpa
+    from gc25d_core.models.configs import FULL_CAUSAL
+
+    gm = group_mask(cells, FULL_CAUSAL, teacher_forcing=True, device=torch.device("cuda"))
+    block_mask = flex_block_mask(gm, tokens_per_cell)
+    dense = gm.repeat_interleave(tokens_per_cell, 0).repeat_interleave(tokens_per_cell, 1)
+
+    def flex(options: dict[str, object]) -> Attn:
+        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            b, s, hd = q.shape
+            q4, k4, v4 = (x.view(b, s, heads, hd // heads).transpose(1, 2) for x in (q, k, v))
+            out = _flex_attention(q4, k4, v4, block_mask, options)
+            return out.transpose(1, 2).reshape(b, s, hd)
+
+        return run
+
+    table: dict[str, Attn] = {name: flex(opts) for name, opts in FLEX_VARIANTS.items()}
+    table["sdpa_mask"] = lambda q, k, v: sdpa(q, k, v, heads, dense)
+    return table, float(gm.float().mean())
 
 
 def kernels(heads: int) -> dict[str, Attn]:
@@ -86,18 +129,27 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--kernels", default="sdpa,sdpa_flash,sdpa_cudnn,fa4")
+    p.add_argument("--mask", choices=("none", "tf"), default="none")
+    p.add_argument("--cells", type=int, default=21, help="--mask tf: cells per half")
+    p.add_argument("--tokens-per-cell", type=int, default=390)
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
     torch.manual_seed(0)
     hd = args.heads * args.head_dim
+    allowed = 1.0
+    if args.mask == "tf":
+        torch._dynamo.config.cache_size_limit = 64  # one compiled flex per kernel-option set
+        args.seq = 2 * args.cells * args.tokens_per_cell
+        table, allowed = tf_kernels(args.heads, args.cells, args.tokens_per_cell)
+    else:
+        table = kernels(args.heads)
     q, k, v = (
         torch.randn(1, args.seq, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
     grad = torch.randn_like(q)  # one upstream gradient for every kernel, so their gradients compare
-    flops_fwd = 4 * args.seq**2 * hd
-    table = kernels(args.heads)
+    flops_fwd = 4 * args.seq**2 * hd * allowed
     ref = None
     for name in args.kernels.split(","):
         try:
@@ -114,6 +166,8 @@ def main() -> None:
                     "probe": "attn",
                     "kernel": name,
                     "seq": args.seq,
+                    "mask": args.mask,
+                    "allowed_pairs": round(allowed, 4),
                     "fwd_ms": round(t_fwd * 1e3, 3),
                     "fwd_bwd_ms": round(t_both * 1e3, 3),
                     "fwd_tflops": round(flops_fwd / t_fwd / 1e12, 1),

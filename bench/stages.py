@@ -18,6 +18,7 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
                ``--s3-blocks`` blocks, ``time_phases: true``
 
 ``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none,
+``+fx<name>`` sets flex's kernel options to bench/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
 ``+L<N>`` builds N of the 30 blocks at full width (stage 3: instead of ``--s3-blocks``): the per-block
 rate with the memory a sharded run leaves (one GPU holds a 5B model's optimizer state only by
 recomputing most blocks).
@@ -126,6 +127,12 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             out["model"]["gradient_checkpointing"] = False
         elif m.startswith("ckpt") and m[4:].isdigit():
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
+        elif m.startswith("fx"):  # flex kernel options: bench/attention.py's FLEX_VARIANTS["flex_<name>"]
+            from bench.attention import FLEX_VARIANTS
+
+            if f"flex_{m[2:]}" not in FLEX_VARIANTS:
+                raise SystemExit(f"unknown flex variant +{m} in {name!r}: {sorted(FLEX_VARIANTS)}")
+            out["model"]["flex_options"] = FLEX_VARIANTS[f"flex_{m[2:]}"]
         elif not (m.startswith("L") and m[1:].isdigit()):
             raise SystemExit(f"unknown modifier +{m} in {name!r}")
     return out

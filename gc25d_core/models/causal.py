@@ -146,13 +146,16 @@ def flex_block_mask(group_mask_GG: torch.Tensor, tokens_per_group: int):
     return create_block_mask(mask_mod, None, None, length, length, device=str(device))
 
 
-def _flex_attention(q, k, v, block_mask):
+def _flex_attention(q, k, v, block_mask, kernel_options: dict[str, Any] | None = None):
+    """Flex attention, compiled on CUDA; ``kernel_options``: torch's FlexKernelOptions (block sizes,
+    TMA, the FlashAttention-4 backend), measured per shape in bench/attention.py ``--mask tf``."""
     from torch.nn.attention.flex_attention import flex_attention
 
     key = q.device.type
     if key not in _FLEX:
         _FLEX[key] = torch.compile(flex_attention, dynamic=False) if key == "cuda" else flex_attention
-    return _FLEX[key](q, k, v, block_mask=block_mask)
+    opts = dict(kernel_options) if kernel_options and key == "cuda" else None
+    return _FLEX[key](q, k, v, block_mask=block_mask, kernel_options=opts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,11 +218,13 @@ class FullSequenceAttention:
         mask: torch.Tensor | None = None,
         block_mask: Any = None,
         dense: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
+        flex_options: dict[str, Any] | None = None,
     ):
-        """``dense(q, k, v, num_heads)``: the unmasked kernel (default: PyTorch SDPA)."""
+        """``dense(q, k, v, num_heads)``: the unmasked kernel (default: PyTorch SDPA);
+        ``flex_options``: the flex kernel's options with a ``block_mask``."""
         self.cos, self.sin, self.num_heads = cos, sin, num_heads
         self.mask, self.block_mask = mask, block_mask
-        self.dense = dense
+        self.dense, self.flex_options = dense, flex_options
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q = apply_rope(q, self.cos, self.sin, self.num_heads)
@@ -227,7 +232,7 @@ class FullSequenceAttention:
         if self.block_mask is not None:
             h = self.num_heads
             qh, kh, vh = (rearrange(t, "b s (n d) -> b n s d", n=h) for t in (q, k, v))
-            x = _flex_attention(qh, kh, vh, self.block_mask)
+            x = _flex_attention(qh, kh, vh, self.block_mask, self.flex_options)
             return rearrange(x, "b n s d -> b s (n d)", n=h)
         if self.mask is None and self.dense is not None:
             return self.dense(q, k, v, self.num_heads)
@@ -240,6 +245,9 @@ class KVCache:
     ``begin(cell)`` starts a forward for query cell ``cell`` (evicting what it cannot see);
     ``attend`` runs one layer; ``end(commit)`` appends the forward's K/V when it was a commit.
     Rotated cached keys are memoised per query cell (4 denoise forwards + commit share them).
+    K and V are kept per cell (``k[layer][slot]``), never rewritten: a view of what a forward saw
+    (``layer_view``) holds only references, so the stage-3 rollout's recomputed exit forwards share
+    the cells' tensors instead of copying 20 cells per forward.
     """
 
     def __init__(self, spec: CausalConfig, num_layers: int, grid_hw: tuple[int, int], num_heads: int):
@@ -247,8 +255,8 @@ class KVCache:
         self.grid_hw = grid_hw
         self.tokens_per_cell = grid_hw[0] * grid_hw[1]
         self.cells: list[int] = []
-        self.k: list[torch.Tensor | None] = [None] * num_layers
-        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.k: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]  # [layer][slot of cells]
+        self.v: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._cell: int | None = None
         self._rot: dict[int, torch.Tensor] = {}
@@ -264,21 +272,20 @@ class KVCache:
         keep = visible(q_cell, torch.tensor(self.cells), self.spec)
         return [c for c, k in zip(self.cells, keep.tolist(), strict=True) if k]
 
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(raw K, V) of the cached cells of ``layer``, in cell order (tests)."""
+        if not self.k[layer]:
+            return None
+        return torch.cat(self.k[layer], dim=1), torch.cat(self.v[layer], dim=1)
+
     def evict_for(self, q_cell: int) -> None:
         keep = self.visible_cells(q_cell)
         if keep == self.cells:
             return
-        n = self.tokens_per_cell
         slots = [self.cells.index(c) for c in keep]
         for layer in range(self.num_layers):
-            k, v = self.k[layer], self.v[layer]
-            if k is None or v is None:
-                continue
-            if slots:
-                idx = torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots]).to(k.device)
-                self.k[layer], self.v[layer] = k.index_select(1, idx), v.index_select(1, idx)
-            else:
-                self.k[layer] = self.v[layer] = None
+            self.k[layer] = [self.k[layer][s] for s in slots]
+            self.v[layer] = [self.v[layer][s] for s in slots]
         self.cells = keep
         self._invalidate()
 
@@ -314,17 +321,23 @@ class KVCache:
         h = self.num_heads
         cos_q, sin_q = self._token_freqs("q", rope)
         qr, kr = apply_rope(q, cos_q, sin_q, h), apply_rope(k, cos_q, sin_q, h)
-        k_cached, v_cached = self.k[layer], self.v[layer]
         v_all = v
-        if k_cached is not None and v_cached is not None:
+        if self.k[layer]:
             if layer not in self._rot:
                 cos_k, sin_k = self._token_freqs("kv", rope)
-                self._rot[layer] = apply_rope(k_cached, cos_k, sin_k, h)
+                self._rot[layer] = apply_rope(torch.cat(self.k[layer], dim=1), cos_k, sin_k, h)
             kr = torch.cat([self._rot[layer], kr], dim=1)
-            v_all = torch.cat([v_cached, v], dim=1)
+            v_all = torch.cat([*self.v[layer], v], dim=1)
         if commit:
             self._pending[layer] = (k.detach(), v.detach())
         return sdpa(qr, kr, v_all, h)
+
+    def layer_view(self, layer: int, rope: RopeTable) -> KVLayerView:
+        """What a forward of the current query cell sees at ``layer``, by reference (no copies)."""
+        if self._cell is None:
+            raise RuntimeError("KVCache.layer_view outside begin()/end()")
+        kv = self._token_freqs("kv", rope) if self.k[layer] else None
+        return KVLayerView(self._token_freqs("q", rope), kv, tuple(self.k[layer]), tuple(self.v[layer]))
 
     # -- the folded commit (deploy): one forward commits cell k and runs cell k + 1's first step
 
@@ -340,13 +353,7 @@ class KVCache:
         kept = [c for c, k in zip(after, keep, strict=True) if k]
         if kept[-1] != cell:
             raise RuntimeError(f"cell {nxt} cannot see cell {cell}: the window must be at least 2 to fold")
-        n = self.tokens_per_cell
-        slots = [self.cells.index(c) for c in kept[:-1]]
-        self._fold = {
-            "cells": kept,
-            "slots": torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots]) if slots else None,
-            "rot": {},
-        }
+        self._fold = {"cells": kept, "slots": [self.cells.index(c) for c in kept[:-1]], "rot": {}}
 
     def _fold_freqs(self, rope: RopeTable) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         fold = self._fold
@@ -366,12 +373,8 @@ class KVCache:
         ka, va = k[:, :n], v[:, :n]
         fold = self._fold
         (cos_q, sin_q), (cos_k, sin_k) = self._fold_freqs(rope)
-        k_all, v_all = ka, va
-        k_cached, v_cached = self.k[layer], self.v[layer]
-        if fold["slots"] is not None and k_cached is not None and v_cached is not None:
-            idx = fold["slots"].to(k_cached.device)
-            k_all = torch.cat([k_cached.index_select(1, idx), ka], dim=1)
-            v_all = torch.cat([v_cached.index_select(1, idx), va], dim=1)
+        k_all = torch.cat([*(self.k[layer][s] for s in fold["slots"]), ka], dim=1)
+        v_all = torch.cat([*(self.v[layer][s] for s in fold["slots"]), va], dim=1)
         k_rot = apply_rope(k_all, cos_k, sin_k, h)
         fold["rot"][layer] = k_rot  # what cell k + 1's later forwards would rotate: kept for them
         qb = apply_rope(q[:, n:], cos_q, sin_q, h)
@@ -398,9 +401,8 @@ class KVCache:
             if cell is None or len(self._pending) != self.num_layers:
                 raise RuntimeError(f"commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers")
             for layer, (k, v) in sorted(self._pending.items()):
-                k_old, v_old = self.k[layer], self.v[layer]
-                self.k[layer] = k if k_old is None else torch.cat([k_old, k], dim=1)
-                self.v[layer] = v if v_old is None else torch.cat([v_old, v], dim=1)
+                self.k[layer].append(k)
+                self.v[layer].append(v)
             self.cells.append(cell)
             self._pending.clear()
             self._invalidate()
@@ -712,14 +714,50 @@ class GraphedKVForward:
         return out.clone()
 
 
-class KVStepAttention:
-    """The plan of one KV-cache forward (one query cell)."""
+class KVLayerView(NamedTuple):
+    """One layer's attention inputs from the cache for one query cell: the query's and the cached
+    keys' RoPE tables and the cached cells' raw K and V (references to the cache's tensors)."""
 
-    def __init__(self, cache: KVCache, rope: RopeTable, commit: bool):
+    q_freqs: tuple[torch.Tensor, torch.Tensor]
+    kv_freqs: tuple[torch.Tensor, torch.Tensor] | None
+    k: tuple[torch.Tensor, ...]
+    v: tuple[torch.Tensor, ...]
+
+
+@torch.compiler.disable
+def attend_view(view: KVLayerView, q, k, v, num_heads: int) -> torch.Tensor:
+    """``KVCache.attend`` over a ``KVLayerView`` (no commit): the same arithmetic in the same order."""
+    cos_q, sin_q = view.q_freqs
+    qr, kr = apply_rope(q, cos_q, sin_q, num_heads), apply_rope(k, cos_q, sin_q, num_heads)
+    v_all = v
+    if view.k:
+        assert view.kv_freqs is not None
+        k_rot = apply_rope(torch.cat(view.k, dim=1), *view.kv_freqs, num_heads)
+        kr = torch.cat([k_rot, kr], dim=1)
+        v_all = torch.cat([*view.v, v], dim=1)
+    return sdpa(qr, kr, v_all, num_heads)
+
+
+class KVStepAttention:
+    """The plan of one KV-cache forward (one query cell).
+
+    ``replayable`` (a grad forward whose blocks recompute in backward): each layer's first call
+    records what the cache showed it (``KVCache.layer_view``), and every call attends over that
+    record, so the recomputation in backward sees the cells of the forward, not the cache as later
+    commits and evictions left it."""
+
+    def __init__(self, cache: KVCache, rope: RopeTable, commit: bool, replayable: bool = False):
+        if replayable and (commit or isinstance(cache, StaticKVCache)):
+            raise ValueError("a replayable KV forward reads the (dynamic) cache and commits nothing")
         self.cache, self.rope, self.commit = cache, rope, commit
+        self.views: dict[int, KVLayerView] | None = {} if replayable else None
 
     def __call__(self, layer: int, q, k, v) -> torch.Tensor:
-        return self.cache.attend(layer, q, k, v, self.rope, self.commit)
+        if self.views is None:
+            return self.cache.attend(layer, q, k, v, self.rope, self.commit)
+        if layer not in self.views:
+            self.views[layer] = self.cache.layer_view(layer, self.rope)
+        return attend_view(self.views[layer], q, k, v, self.cache.num_heads)
 
 
 class KVFoldAttention:
@@ -760,11 +798,12 @@ def denoise_cell(
     record: list[dict[str, Any]] | None = None,
     commit: bool = True,
     fold: FoldedCommit | None = None,
+    checkpoint: bool = False,
 ) -> torch.Tensor:
     """Denoise one cell against the cache and commit it; returns x0 ``[B, C, 1, H, W]``.
 
     Steps k < ``exit_step`` (default: the last) run under no_grad; the exit step runs with grad
-    iff ``grad``. Re-noising uses ``noise[k]`` or fresh normal noise from ``generator``. The commit
+    iff ``grad`` (``checkpoint``: its blocks recompute their activations in backward). Re-noising uses ``noise[k]`` or fresh normal noise from ``generator``. The commit
     forward of x0.detach() at t=0 always runs under no_grad. ``record`` (tests) receives one dict
     per forward: cell, step (int or "commit"), x, t, v.
 
@@ -783,8 +822,10 @@ def denoise_cell(
     for k in range(exit_k + 1):
         t = float(timesteps[k])
         with torch.set_grad_enabled(grad and k == exit_k):
-            folded = {"fold": fold} if fold is not None and k == 0 else {}
-            v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False, **folded)
+            extra: dict[str, Any] = {"fold": fold} if fold is not None and k == 0 else {}
+            if checkpoint and grad and k == exit_k:
+                extra["use_gradient_checkpointing"] = True
+            v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False, **extra)
             assert v is not None
             x0 = x - sigma_of(t) * v
         if record is not None:
@@ -833,9 +874,11 @@ class CausalStreamer:
         forward: Callable[..., Any] | None = None,
         fold_commit: bool = False,
         static_kv: bool = False,
+        checkpoint: bool = False,
     ):
         """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
         its shards there); default the model itself. The cache is always the model's.
+        ``checkpoint`` (training): grad forwards recompute their blocks in backward.
         ``fold_commit`` (deploy, no grad): each cell's commit runs inside the next cell's first
         forward (4 forwards per cell instead of 5); the last cell's commit stays pending.
         ``static_kv`` (deploy, no grad, batch 1): the preallocated ``StaticKVCache`` (same results;
@@ -846,6 +889,7 @@ class CausalStreamer:
         self.forward = model if forward is None else forward
         self.fold_commit = fold_commit
         self.static_kv = static_kv
+        self.checkpoint = checkpoint
         self.cache: KVCache | None = None
         self.next_cell = 0
         self.pending: FoldedCommit | None = None
@@ -893,6 +937,7 @@ class CausalStreamer:
             sem_ids=sem_ids,
             generator=generator,
             record=record,
+            checkpoint=self.checkpoint,
             **kwargs,
         )
         if self.fold_commit:

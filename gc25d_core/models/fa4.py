@@ -32,17 +32,15 @@ def fa4_available() -> bool:
     )
 
 
-def check_fa4(device: torch.device | str) -> None:
-    """Raise, saying what is missing, unless FA4 can run on ``device``."""
+def check_fa4(device: torch.device | str, what: str = "attn_backend='fa4'") -> None:
+    """Raise, saying what is missing, unless FA4 can run on ``device`` (``what`` asked for it)."""
     device = torch.device(device)
     if device.type != "cuda":
-        raise RuntimeError(f"attn_backend='fa4' needs a CUDA device, got {device}")
+        raise RuntimeError(f"{what} needs a CUDA device, got {device}")
     if torch.cuda.get_device_capability(device)[0] < 9:
-        raise RuntimeError(
-            f"attn_backend='fa4' needs sm90 or newer, {device} is {torch.cuda.get_device_name(device)}"
-        )
+        raise RuntimeError(f"{what} needs sm90 or newer, {device} is {torch.cuda.get_device_name(device)}")
     if not fa4_available():
-        raise RuntimeError("attn_backend='fa4' needs the flash-attn-4 package (flash_attn.cute)")
+        raise RuntimeError(f"{what} needs the flash-attn-4 package (flash_attn.cute)")
 
 
 @torch.compiler.disable

@@ -255,6 +255,7 @@ class GcDiT(WanModel):
         # "sdpa"; "flex" (GPU: compiled flex attention for causal masks); "fa4" (GPU, optional
         # flash-attn-4 package: FlashAttention-4 for the unmasked full-sequence attention)
         self.attn_backend = "sdpa"
+        self.flex_options: dict[str, Any] = {}  # torch FlexKernelOptions of the "flex" backend
         self.track_stats = False
         # raw sem ids outside the vocab raise in pooled_onehot (one device sync per forward); a
         # caller that checked them on the host (the SFT data worker) turns this off
@@ -446,7 +447,13 @@ class GcDiT(WanModel):
             return FullSequenceAttention(cos, sin, self.num_heads, dense=dense)
         gm = group_mask(f, causal, teacher_forcing, device=x.device)
         if self.attn_backend == "flex":
-            return FullSequenceAttention(cos, sin, self.num_heads, block_mask=flex_block_mask(gm, h * w))
+            return FullSequenceAttention(
+                cos,
+                sin,
+                self.num_heads,
+                block_mask=flex_block_mask(gm, h * w),
+                flex_options=self.flex_options,
+            )
         mask = gm.repeat_interleave(h * w, 0).repeat_interleave(h * w, 1)
         return FullSequenceAttention(cos, sin, self.num_heads, mask=mask)
 
@@ -523,7 +530,16 @@ class GcDiT(WanModel):
             if fold is not None:
                 return self._forward_fold(latents, cell, timestep, context, sem_ids, cache, fold)
             return self._forward_kv(
-                latents, cell, timestep, context, sem_ids, sem_pooled, cache, commit, return_output
+                latents,
+                cell,
+                timestep,
+                context,
+                sem_ids,
+                sem_pooled,
+                cache,
+                commit,
+                return_output,
+                use_gradient_checkpointing,
             )
         raise ValueError(f"mode={mode!r}: expected 'full', 'tf' or 'kv'")
 
@@ -655,7 +671,7 @@ class GcDiT(WanModel):
         return StaticKVCache(spec, len(self.blocks), grid, self.num_heads, rope)
 
     def _forward_kv(
-        self, latent, cell, timestep, text, sem_ids, sem_pooled, cache, commit, return_output
+        self, latent, cell, timestep, text, sem_ids, sem_pooled, cache, commit, return_output, checkpoint
     ) -> torch.Tensor | None:
         sem = self.encode_sem(sem_ids, sem_pooled, first_cell=cell)
         x, grid = self.embed_latents(latent, sem)
@@ -674,9 +690,13 @@ class GcDiT(WanModel):
                 "forward_kv needs the cell's own context: use TextContext.select(index[:, i:i+1])"
             )
         rope = self.rope_table(x.device, x.dtype)
+        # a grad forward with checkpointing: its blocks recompute in backward, after later cells
+        # changed the cache, so its attention reads a record of the cells it saw (replayable)
+        ckpt = checkpoint and torch.is_grad_enabled()
         cache.begin(cell)
         try:
-            x = self.run_blocks(x, text, t_mod, KVStepAttention(cache, rope, commit))
+            attn = KVStepAttention(cache, rope, commit, replayable=ckpt)
+            x = self.run_blocks(x, text, t_mod, attn, ckpt)
         except BaseException:
             cache.end(commit=False)
             raise

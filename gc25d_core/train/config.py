@@ -47,6 +47,11 @@ class ModelConfig(Strict):
         "mask for the causal masks: fully masked tiles skipped; unmasked attention stays on SDPA); or "
         "FlashAttention-4 (GPU sm90+, needs the optional flash-attn-4 package; models.fa4)",
     )
+    flex_options: dict[str, bool | int | str] = Field(
+        default_factory=dict,
+        description="with attn_backend flex: torch's flex kernel options (e.g. USE_TMA, BLOCK_M, "
+        "BACKEND), measured per shape by bench/attention.py --mask tf",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -54,6 +59,8 @@ class ModelConfig(Strict):
             raise ValueError("model.init='wan' needs model.wan_dir (and wan_sha256, checked at load)")
         if self.init == "export" and self.export_path is None:
             raise ValueError("model.init='export' needs model.export_path")
+        if self.flex_options and self.attn_backend != "flex":
+            raise ValueError(f"model.flex_options needs model.attn_backend 'flex', not {self.attn_backend!r}")
         return self
 
 

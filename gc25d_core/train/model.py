@@ -114,7 +114,12 @@ def build_model(cfg: Gc25dConfig, m: ModelConfig, device: torch.device, dtype: t
         from gc25d_core.models.fa4 import check_fa4
 
         check_fa4(device)
+    if m.flex_options.get("BACKEND") == "FLASH":  # flex's FlashAttention-4 (CuTe DSL) kernels
+        from gc25d_core.models.fa4 import check_fa4
+
+        check_fa4(device, "model.flex_options BACKEND='FLASH'")
     model.attn_backend = m.attn_backend
+    model.flex_options = dict(m.flex_options)
     if m.compile:
         model.enable_compile()
     return model.train()

@@ -108,6 +108,9 @@ class Stage3Run(CausalRun):
         self.rollout_causal = CausalConfig(
             sink=sec.deploy.sink, window=sec.deploy.window, rope_cap=sec.deploy.rope_cap
         )
+        # the K exit forwards recompute their blocks in backward (model.gradient_checkpointing):
+        # without it each holds its activations and the K/V of the cells it saw until the backward
+        self.rollout_checkpoint = sec.model.gradient_checkpointing
         real = build_model(self.cfg, sec.real, self.device, self.engine.build_dtype)
         critic = build_model(self.cfg, sec.real, self.device, self.engine.build_dtype)
         co = sec.critic_optim
@@ -161,7 +164,11 @@ class Stage3Run(CausalRun):
             return to_device(ids[:, cell_frame_slice(cell)], self.device)
 
         streamer = CausalStreamer(
-            cast(GcDiT, self.model.module), self.rollout_causal, self.axis, forward=self.model
+            cast(GcDiT, self.model.module),
+            self.rollout_causal,
+            self.axis,
+            forward=self.model,
+            checkpoint=self.rollout_checkpoint,
         )
         with torch.no_grad():
             streamer.start(anchor.to(dtype), text(0), sem(0))

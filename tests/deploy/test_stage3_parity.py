@@ -53,6 +53,7 @@ def test_deploy_rollout_equals_the_stage3_rollout(tiny_export, deploy_cfg, fold)
         device=torch.device("cpu"),
         text=TextBank(table, torch.device("cpu")),
         rollout_causal=DEPLOY_CAUSAL,
+        rollout_checkpoint=False,
         axis=tuple(meta.denoise_axis),
     )
     gen = torch.Generator().manual_seed(7)

@@ -136,17 +136,19 @@ def test_sink_and_window_exclusion(tiny_model_1layer):
             assert same == (cell not in (0, 5, 6, 7)), f"cell {cell}"
 
 
-def test_flex_backend_matches_sdpa(tiny_model):
+@pytest.mark.parametrize("options", [{}, {"USE_TMA": True}], ids=["default", "kernel_options"])
+def test_flex_backend_matches_sdpa(tiny_model, options):
+    """Flex equals SDPA; kernel options are CUDA-kernel settings, left out on the CPU."""
     n = 4
     clean, context, ids = make_inputs(n, seed=14)
     noisy = torch.randn_like(clean)
     with torch.no_grad():
         ref = tiny_model.forward_teacher_forcing(clean, noisy, 600.0, context, ids, causal=SMALL_WINDOW)
-        tiny_model.attn_backend = "flex"
+        tiny_model.attn_backend, tiny_model.flex_options = "flex", options
         try:
             got = tiny_model.forward_teacher_forcing(clean, noisy, 600.0, context, ids, causal=SMALL_WINDOW)
         finally:
-            tiny_model.attn_backend = "sdpa"
+            tiny_model.attn_backend, tiny_model.flex_options = "sdpa", {}
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -282,7 +284,7 @@ def test_cache_holds_committed_clean_kv_only(tiny_model):
                 )
             )
     assert cache.cells == [0, 6, 7]  # sink 0 + window for the next cell 8: cells 6..7
-    assert all(k.shape[1] == 3 * 6 for k in cache.k)
+    assert all(len(ks) == 3 and all(k.shape[1] == 6 for k in ks) for ks in cache.k)  # per cell
     clip = torch.cat(cells, dim=2)
 
     captured: dict[int, torch.Tensor] = {}
@@ -308,9 +310,7 @@ def test_cache_holds_committed_clean_kv_only(tiny_model):
     tok = 6
     for layer in range(len(tiny_model.blocks)):
         want = torch.cat([captured[layer][:, c * tok : (c + 1) * tok] for c in cache.cells], dim=1)
-        torch.testing.assert_close(
-            torch.cat([cache.k[layer], cache.v[layer]], dim=-1), want, rtol=1e-5, atol=1e-5
-        )
+        torch.testing.assert_close(torch.cat(cache.layer_kv(layer), dim=-1), want, rtol=1e-5, atol=1e-5)
 
 
 def test_rollout_deterministic_and_exit_step_gradients(tiny_model):
@@ -336,7 +336,7 @@ def test_rollout_deterministic_and_exit_step_gradients(tiny_model):
         grad=True,
     )
     assert x0.requires_grad
-    assert not any(k.requires_grad for k in cache.k) and cache.cells == [0, 1]
+    assert not any(k.requires_grad for ks in cache.k for k in ks) and cache.cells == [0, 1]
     x0.pow(2).mean().backward()
     try:
         assert tiny_model.blocks[0].self_attn.q.weight.grad.abs().sum() > 0

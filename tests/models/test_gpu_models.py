@@ -56,16 +56,17 @@ def test_cuda_teacher_forcing_equals_kv_cache(cuda_model, spec):
     torch.testing.assert_close(out, tf[:, :, i : i + 1], rtol=1e-4, atol=1e-4)
 
 
-def test_cuda_compiled_flex_matches_sdpa(cuda_model):
+@pytest.mark.parametrize("options", [{}, {"USE_TMA": True}], ids=["default", "tma"])
+def test_cuda_compiled_flex_matches_sdpa(cuda_model, options):
     clean, context, ids = _cuda(*make_inputs(21, seed=14))
     noisy = torch.randn_like(clean)
     with torch.no_grad():
         ref = cuda_model.forward_teacher_forcing(clean, noisy, 600.0, context, ids, causal=DEPLOY_CAUSAL)
-        cuda_model.attn_backend = "flex"
+        cuda_model.attn_backend, cuda_model.flex_options = "flex", options
         try:
             got = cuda_model.forward_teacher_forcing(clean, noisy, 600.0, context, ids, causal=DEPLOY_CAUSAL)
         finally:
-            cuda_model.attn_backend = "sdpa"
+            cuda_model.attn_backend, cuda_model.flex_options = "sdpa", {}
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
 
 

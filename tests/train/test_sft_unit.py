@@ -379,3 +379,21 @@ def test_an_export_init_takes_the_exports_architecture(tmp_path):
     clash = ModelConfig(preset="tiny", init="export", export_path=path, overrides={"num_layers": 2})
     with pytest.raises(ValueError, match=r"num_layers=2 \(the export has 3\)"):
         build_model(cfg, clash, torch.device("cpu"), torch.float32)
+
+
+def test_flex_kernel_options_reach_the_model_and_need_the_flex_backend():
+    from pydantic import ValidationError
+
+    from gc25d_core.train.config import ModelConfig
+    from gc25d_core.train.model import build_model
+
+    m = ModelConfig(preset="tiny", init="random", attn_backend="flex", flex_options={"USE_TMA": True})
+    model = build_model(load_config("tiny"), m, torch.device("cpu"), torch.float32)
+    assert model.attn_backend == "flex" and model.flex_options == {"USE_TMA": True}
+    with pytest.raises(ValidationError, match="flex_options needs model.attn_backend 'flex', not 'sdpa'"):
+        ModelConfig(preset="tiny", init="random", flex_options={"USE_TMA": True})
+    flash = ModelConfig(preset="tiny", init="random", attn_backend="flex", flex_options={"BACKEND": "FLASH"})
+    with pytest.raises(
+        RuntimeError, match=r"model.flex_options BACKEND='FLASH' needs a CUDA device, got cpu"
+    ):
+        build_model(load_config("tiny"), flash, torch.device("cpu"), torch.float32)

@@ -198,3 +198,46 @@ def test_each_network_gets_gradients_only_in_its_own_step(built):
     assert all(p.grad is None for p in run.critic.module.parameters())  # zeroed by its step, untouched since
     assert all(not p.requires_grad and p.grad is None for p in run.real.parameters())
     assert run.ema.updates == 0 and not run.ema.started  # the EMA starts at step 3
+
+
+def test_recomputed_exit_forwards_give_the_same_gradients_without_holding_the_cached_cells(built):
+    """model.gradient_checkpointing in the rollout: the K exit forwards recompute their blocks in
+    backward over a record of the cells they saw (``KVStepAttention(replayable=True)``), after
+    later commits and evictions changed the cache. Same scored clip, same generator gradients; the
+    graph no longer holds each exit forward's concatenated K/V of the cached cells."""
+    from gc25d_core.models.causal import visible
+
+    run, cells, exit_step = built, 24, 1
+    samples = _samples(run)
+    params = [p for p in run.model.module.parameters() if p.requires_grad]
+    weight = None
+    results = []
+    for checkpoint in (False, True):
+        run.rollout_checkpoint = checkpoint
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, storages: dict[int, int] = storages) -> torch.Tensor:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                x, _, _ = run.rollout(samples, cells, exit_step, torch.Generator().manual_seed(3), grad=True)
+        finally:
+            run.rollout_checkpoint = False
+        if weight is None:
+            weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+        grads = torch.autograd.grad((x * weight).sum(), params)
+        results.append((x.detach(), grads, sum(storages.values())))
+    (x_plain, g_plain, saved_plain), (x_ckpt, g_ckpt, saved_ckpt) = results
+    assert torch.equal(x_ckpt, x_plain)
+    for a, b in zip(g_ckpt, g_plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+    # what the plain graph holds beyond the recomputed one: at least every exit forward's K and V
+    # of the cells it attended (cache + itself), per layer, in fp32
+    model = run.model.module
+    first = cells - run.section.grad_horizon
+    seen = [int(visible(q, torch.arange(q), run.rollout_causal).sum()) + 1 for q in range(first, cells)]
+    tpc = x.shape[-2] // 2 * (x.shape[-1] // 2)
+    kv_bytes = sum(seen) * tpc * model.dim * 2 * 4 * len(model.blocks)
+    assert saved_plain - saved_ckpt >= kv_bytes, (saved_plain, saved_ckpt, kv_bytes)
