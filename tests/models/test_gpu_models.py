@@ -137,3 +137,32 @@ def test_cuda_fa4_matches_sdpa_forward_and_backward():
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
     rel = (grads[1] - grads[0]).norm() / grads[0].norm()
     assert rel < 2e-2, rel
+
+
+@pytest.mark.fa4
+def test_cuda_flex_flash_backend_matches_sdpa_teacher_forcing_forward_and_backward():
+    """Flex attention's FlashAttention-4 backend (``flex_options: {BACKEND: FLASH}``, the stage-1 / 2
+    speed option) over the teacher-forcing block mask against SDPA with the dense mask, bf16, head_dim
+    128: outputs and parameter gradients agree to bf16 rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gc25d_core.models.configs import FULL_CAUSAL
+    from gc25d_core.models.fa4 import check_fa4
+
+    check_fa4("cuda")
+    model = make_model(seed=7, dim=256, num_heads=2).cuda().to(torch.bfloat16).train()
+    clean, context, ids = _cuda(*make_inputs(9, seed=7))
+    clean, context = clean.bfloat16(), context.bfloat16()
+    noisy = torch.randn_like(clean)
+    outs, grads = [], []
+    for backend, options in (("sdpa", {}), ("flex", {"BACKEND": "FLASH"})):
+        model.attn_backend, model.flex_options = backend, options
+        model.zero_grad(set_to_none=True)
+        out = model.forward_teacher_forcing(clean, noisy, 500.0, context, ids, causal=FULL_CAUSAL)
+        out.float().pow(2).mean().backward()
+        outs.append(out.float())
+        grads.append(torch.cat([p.grad.float().flatten() for p in model.blocks.parameters()]))
+    model.attn_backend, model.flex_options = "sdpa", {}
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
+    rel = (grads[1] - grads[0]).norm() / grads[0].norm()
+    assert rel < 2e-2, rel
