@@ -204,6 +204,34 @@ stages call1 575 --runs "${1:-s1,s1_flex,s2}" --steps 6 --warm 2 --clips-per-run
         """stages call2 575 --runs "${1:-sft,s3}" --steps 6 --warm 2 --s3-steps 5 --s3-blocks 10 --clips-per-run 4 \\
   --timeout 260 --profile "${2:-}\"""",
     ),
+    "attn-tf": Suite(
+        "nvidia-h200",
+        "the teacher-forcing attention alone (16,380 tokens, block mask): flex with bench/attention.py's "
+        "FLEX_VARIANTS $1 beside SDPA's dense mask",
+        """timeout 250 python3 bench/attention.py --mask tf --reps 10 \\
+  --kernels "${1:-flex,flex_tma,flex_safe,flex_tma_safe,flex_m128n128w8,flex_m128n64w4s3,flex_bwd64,sdpa_mask}" \\
+  > "$OUT/attn_tf.jsonl" 2> "$OUT/attn_tf.err"
+cut -c1-400 "$OUT/attn_tf.jsonl\"""",
+    ),
+    "stages-fa4": Suite(
+        "nvidia-h200",
+        "after the three fa4-stage calls: FA4 installed, the flex / FA4 GPU tests, then bench/stages.py runs $1 "
+        "(default: stage 1 with flex's FA4 backend at 12 blocks unrecomputed and at 30 with 10 recomputed, "
+        "the SFT, stage 2 with it), $2 profiled (default the stage-2 run)",
+        """install_fa4
+export PYTHONPATH=$FA4_PATH:$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+timeout 100 python3 -m pytest -q -m gpu -k "flex or fa4" tests/models/test_gpu_models.py -p no:cacheprovider -rA \\
+  > "$OUT/pytest.log" 2>&1
+tail -n 6 "$OUT/pytest.log"
+stages fa4 460 --runs "${1:-s1_flex+fxflash+L12+nockpt,s1_flex+fxflash+ckpt10,sft,s2_flex+fxflash}" --steps 6 --warm 2 \\
+  --clips-per-run 4 --timeout 200 --profile "${2:-s2_flex+fxflash}\"""",
+    ),
+    "stages3": Suite(
+        "nvidia-h200",
+        "stage 3 at 10 of 30 blocks, its rollout's exit forwards recomputed (the preset) and not ($1)",
+        """export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+stages s3 370 --runs "${1:-s3,s3+nockpt}" --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170""",
+    ),
 }
 
 
