@@ -318,19 +318,15 @@ class KVCache:
     def attend(self, layer: int, q, k, v, rope: RopeTable, commit: bool) -> torch.Tensor:
         if self._cell is None:
             raise RuntimeError("KVCache.attend outside begin()/end()")
-        h = self.num_heads
-        cos_q, sin_q = self._token_freqs("q", rope)
-        qr, kr = apply_rope(q, cos_q, sin_q, h), apply_rope(k, cos_q, sin_q, h)
-        v_all = v
+        k_rot = None
         if self.k[layer]:
             if layer not in self._rot:
                 cos_k, sin_k = self._token_freqs("kv", rope)
-                self._rot[layer] = apply_rope(torch.cat(self.k[layer], dim=1), cos_k, sin_k, h)
-            kr = torch.cat([self._rot[layer], kr], dim=1)
-            v_all = torch.cat([*self.v[layer], v], dim=1)
+                self._rot[layer] = apply_rope(torch.cat(self.k[layer], dim=1), cos_k, sin_k, self.num_heads)
+            k_rot = self._rot[layer]
         if commit:
             self._pending[layer] = (k.detach(), v.detach())
-        return sdpa(qr, kr, v_all, h)
+        return _attend_cached(q, k, v, self._token_freqs("q", rope), k_rot, self.v[layer], self.num_heads)
 
     def layer_view(self, layer: int, rope: RopeTable) -> KVLayerView:
         """What a forward of the current query cell sees at ``layer``, by reference (no copies)."""
@@ -724,18 +720,27 @@ class KVLayerView(NamedTuple):
     v: tuple[torch.Tensor, ...]
 
 
+def _attend_cached(
+    q, k, v, q_freqs: tuple[torch.Tensor, torch.Tensor], k_rot: torch.Tensor | None, v_cells, num_heads: int
+) -> torch.Tensor:
+    """One query cell's attention: its q / k rotated for its position, against the cached cells'
+    rotated keys ``k_rot`` and values ``v_cells`` (per cell) then itself."""
+    qr, kr = (apply_rope(x, *q_freqs, num_heads) for x in (q, k))
+    v_all = v
+    if k_rot is not None:
+        kr = torch.cat([k_rot, kr], dim=1)
+        v_all = torch.cat([*v_cells, v], dim=1)
+    return sdpa(qr, kr, v_all, num_heads)
+
+
 @torch.compiler.disable
 def attend_view(view: KVLayerView, q, k, v, num_heads: int) -> torch.Tensor:
-    """``KVCache.attend`` over a ``KVLayerView`` (no commit): the same arithmetic in the same order."""
-    cos_q, sin_q = view.q_freqs
-    qr, kr = apply_rope(q, cos_q, sin_q, num_heads), apply_rope(k, cos_q, sin_q, num_heads)
-    v_all = v
+    """``KVCache.attend`` over a ``KVLayerView`` (no commit), rotating the cached keys itself."""
+    k_rot = None
     if view.k:
         assert view.kv_freqs is not None
         k_rot = apply_rope(torch.cat(view.k, dim=1), *view.kv_freqs, num_heads)
-        kr = torch.cat([k_rot, kr], dim=1)
-        v_all = torch.cat([*view.v, v], dim=1)
-    return sdpa(qr, kr, v_all, num_heads)
+    return _attend_cached(q, k, v, view.q_freqs, k_rot, view.v, num_heads)
 
 
 class KVStepAttention:
@@ -803,8 +808,9 @@ def denoise_cell(
     """Denoise one cell against the cache and commit it; returns x0 ``[B, C, 1, H, W]``.
 
     Steps k < ``exit_step`` (default: the last) run under no_grad; the exit step runs with grad
-    iff ``grad`` (``checkpoint``: its blocks recompute their activations in backward). Re-noising uses ``noise[k]`` or fresh normal noise from ``generator``. The commit
-    forward of x0.detach() at t=0 always runs under no_grad. ``record`` (tests) receives one dict
+    iff ``grad`` (``checkpoint``: its blocks recompute their activations in backward). Re-noising
+    uses ``noise[k]`` or fresh normal noise from ``generator``. The commit forward of x0.detach()
+    at t=0 always runs under no_grad. ``record`` (tests) receives one dict
     per forward: cell, step (int or "commit"), x, t, v.
 
     Deploy's folded commit: ``commit=False`` leaves this cell's commit to the next cell, whose first
