@@ -18,7 +18,8 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
                ``--s3-blocks`` blocks, ``time_phases: true``
 
 ``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none,
-``+fx<name>`` sets flex's kernel options to bench/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
+``+overlap`` / ``+nooverlap`` turn ZeRO-2's overlapped gradient reduction on / off (stages 1–2 and
+the SFT), ``+fx<name>`` sets flex's kernel options to bench/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
 ``+L<N>`` builds N of the 30 blocks at full width (stage 3: instead of ``--s3-blocks``): the per-block
 rate with the memory a sharded run leaves (one GPU holds a 5B model's optimizer state only by
 recomputing most blocks).
@@ -127,6 +128,8 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             out["model"]["gradient_checkpointing"] = False
         elif m.startswith("ckpt") and m[4:].isdigit():
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
+        elif m in ("overlap", "nooverlap"):  # ZeRO-2's gradient reduction beside the backward, or after it
+            out["zero"] = {"overlap_comm": m == "overlap"}
         elif m.startswith("fx"):  # flex kernel options: bench/attention.py's FLEX_VARIANTS["flex_<name>"]
             from bench.attention import FLEX_VARIANTS
 

@@ -232,6 +232,16 @@ stages fa4 460 --runs "${1:-s1_flex+fxflash+L12+nockpt,s1_flex+fxflash+ckpt10,sf
         """export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 stages s3 370 --runs "${1:-s3,s3+nockpt}" --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170""",
     ),
+    "stages-multi": Suite(
+        "nvidia-h200-x8",
+        "issue 24 on one host of N GPUs ($1, default 8): the SFT, stage 1 and stage 2 (v10 presets, full 5B) at "
+        "N and at 2 GPUs, ZeRO-2's reduction overlapped and not at N; per-GPU MFU and memory, scaling from the "
+        "samples/s per GPU. Runs $2 replace the default list",
+        """export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+runs="${2:-sft+nockpt,s1_flex+nockpt,s1_flex+nockpt+overlap,s2_flex+nockpt}"
+stages n2 280 --nproc 2 --runs "sft+nockpt,s1_flex+nockpt,s2_flex+nockpt" --steps 6 --warm 2 --clips-per-run 8 --timeout 120
+stages "n${1:-8}" 300 --nproc "${1:-8}" --runs "$runs" --steps 6 --warm 2 --clips-per-run 8 --timeout 90""",
+    ),
 }
 
 
