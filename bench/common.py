@@ -5,11 +5,14 @@ forward + backward, against the H200's dense bf16 989 TFLOP/s."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = 989.0
@@ -22,13 +25,34 @@ def bench_env() -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, args: list[str], log: Path, env: dict[str, str]) -> tuple[int, float]:
+def emit(**kw: Any) -> None:
+    """One JSON line on stdout (what the benchmarks print)."""
+    print(json.dumps(kw), flush=True)
+
+
+def torchrun(
+    nproc: int, args: list[str], log: Path, env: dict[str, str], timeout: float | None = None
+) -> tuple[int, float]:
     """``python -m torch.distributed.run --standalone`` with ``args`` from the repo root, all output
-    into ``log``; (exit code, wall seconds)."""
+    into ``log``; (exit code, wall seconds). Past ``timeout`` seconds the launch's process group is
+    ended (exit code 124), so one stuck run leaves the others their time."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        # its own process group only when it may have to be ended (else Ctrl-C reaches it as before)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=timeout is not None
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = 124
     return rc, time.perf_counter() - t0
 
 

@@ -20,7 +20,6 @@ Options: --probes forward,train,deploy,tf  --reps 3  --ckpt-blocks 20,10,0
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,12 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.common import dit_flops, mfu  # noqa: E402
+from bench.common import dit_flops, emit, mfu  # noqa: E402
 from gc25d_core.compat import import_diffsynth  # noqa: E402
-
-
-def emit(**kw: Any) -> None:
-    print(json.dumps(kw), flush=True)
 
 
 class Bench:

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import bench_env, dit_flops, mfu, torchrun  # noqa: E402  # noqa: E402
+from bench.common import bench_env, dit_flops, emit, mfu, torchrun  # noqa: E402
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
@@ -115,10 +115,6 @@ def variant(name: str) -> dict[str, Any]:
     for m in mods:
         out = deep_merge(out, MODIFIERS[m])
     return out
-
-
-def emit(**kw: Any) -> None:
-    print(json.dumps(kw), flush=True)
 
 
 def build_world(root: Path, tiny: bool, starts: int, steps: int):

@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,21 +51,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import (  # noqa: E402
-    PEAK_TFLOPS,
-    bench_env,  # noqa: E402
-    forward_flops,
-    mfu,
-)
+from bench.common import PEAK_TFLOPS, bench_env, emit, forward_flops, mfu, torchrun  # noqa: E402
 
 TEXT_LEN = 512
 PROFILED_STEPS = 2
 STAGE_OF = {"sft": "sft", "s1": "stage1_tf", "s2": "stage2_cd", "s3": "stage3_dmd"}
 CKPT_1GPU = 10  # SFT: of the 30 blocks (sft.py's v10_1gpu)
-
-
-def emit(**kw: Any) -> None:
-    print(json.dumps(kw), flush=True)
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -291,28 +280,6 @@ class Flops:
         return f
 
 
-def launch(nproc: int, args: list[str], log: Path, env: dict[str, str], timeout: int) -> tuple[int, float]:
-    """bench/common.py's torchrun with a time limit: past it the launch's process group is ended
-    (rc 124), so one stuck run leaves the others their time."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc = 124
-    return rc, time.perf_counter() - t0
-
-
 # ------------------------------------------------------------------------------------------ results
 
 
@@ -476,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = args.root / "runs" / name
         shutil.rmtree(run_dir, ignore_errors=True)
         log = out / f"{name}.log"
-        rc, wall = launch(
+        rc, wall = torchrun(
             args.nproc,
             [
                 str(ROOT / "bench" / "stage_timer.py"),
