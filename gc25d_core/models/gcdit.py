@@ -670,6 +670,13 @@ class GcDiT(WanModel):
         rope = self.rope_table(torch.device(device or p.device), dtype or p.dtype)
         return StaticKVCache(spec, len(self.blocks), grid, self.num_heads, rope)
 
+    @staticmethod
+    def _kv_timestep(timestep: Any, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``[B, 1]``: one cell's t (a scalar or one per sample) for the tokens ``x`` [B, ...]."""
+        b = x.shape[0]
+        t = torch.as_tensor(timestep, dtype=torch.float32, device=x.device).reshape(-1)
+        return (t.expand(b) if t.numel() == 1 else t).reshape(b, 1)
+
     def _forward_kv(
         self, latent, cell, timestep, text, sem_ids, sem_pooled, cache, commit, return_output, checkpoint
     ) -> torch.Tensor | None:
@@ -680,10 +687,7 @@ class GcDiT(WanModel):
             raise ValueError(f"forward_kv takes one cell, got {f}")
         if (h, w) != cache.grid_hw:
             raise ValueError(f"token grid {(h, w)} != the cache's {cache.grid_hw}")
-        b = x.shape[0]
-        t_cell = torch.as_tensor(timestep, dtype=torch.float32, device=x.device).reshape(-1)
-        t_cell = (t_cell.expand(b) if t_cell.numel() == 1 else t_cell).reshape(b, 1)
-        t, t_mod = self.embed_time(t_cell, h * w)
+        t, t_mod = self.embed_time(self._kv_timestep(timestep, x), h * w)
         text = self.prepare_text(text)
         if text.num_groups not in (None, 1):
             raise ValueError(
@@ -736,9 +740,7 @@ class GcDiT(WanModel):
             raise ValueError(f"a fold takes one cell each, got grids {grid} and {grid_b}")
         if (h, w) != cache.grid_hw:
             raise ValueError(f"token grid {(h, w)} != the cache's {cache.grid_hw}")
-        b = xb.shape[0]
-        t_cell = torch.as_tensor(timestep, dtype=torch.float32, device=xb.device).reshape(-1)
-        t_cell = (t_cell.expand(b) if t_cell.numel() == 1 else t_cell).reshape(b, 1)
+        t_cell = self._kv_timestep(timestep, xb)
         t, t_mod = self.embed_time(torch.cat([torch.zeros_like(t_cell), t_cell], dim=1), h * w)
         prev = fold.text if isinstance(fold.text, TextContext) else TextContext.build(fold.text)
         texts = self.prepare_text(
