@@ -14,14 +14,9 @@ from collections.abc import Mapping, Sequence
 import cv2
 import numpy as np
 
+from gc25d_core.preview import png_bytes
+
 COLORS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75))
-
-
-def encode_png(rgb: np.ndarray) -> bytes:
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    if not ok:
-        raise RuntimeError("PNG encoding failed")
-    return buf.tobytes()
 
 
 def decode_png(png: bytes) -> np.ndarray:
@@ -114,7 +109,7 @@ def line_plot_png(
         ly = top + 14 + 18 * idx
         cv2.line(img, (left + pw + 10, ly - 4), (left + pw + 30, ly - 4), color, 2)
         cv2.putText(img, ascii_text(name)[:20], (left + pw + 34, ly), font, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
-    return encode_png(img)
+    return png_bytes(img)
 
 
 def stack_png(panels: Sequence[bytes]) -> bytes:
@@ -122,4 +117,4 @@ def stack_png(panels: Sequence[bytes]) -> bytes:
     images = [decode_png(p) for p in panels]
     width = max(im.shape[1] for im in images)
     padded = [np.pad(im, ((0, 0), (0, width - im.shape[1]), (0, 0)), constant_values=255) for im in images]
-    return encode_png(np.concatenate(padded, axis=0))
+    return png_bytes(np.concatenate(padded, axis=0))

@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from gc25d_core.deploy.actions import keys_to_block
-from gc25d_core.preview import colorize_ids
+from gc25d_core.preview import colorize_ids, png_bytes
 
 CELL_S = 0.25  # 4 frames at 16 fps
 
@@ -33,9 +33,7 @@ def _jpeg(rgb: np.ndarray) -> str:
 
 
 def _png(rgb: np.ndarray) -> str:
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    assert ok
-    return base64.b64encode(buf.tobytes()).decode()
+    return base64.b64encode(png_bytes(rgb)).decode()
 
 
 def cell_message(

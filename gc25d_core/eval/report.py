@@ -24,7 +24,8 @@ import numpy as np
 
 from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
 from gc25d_core.eval.metrics import json_safe
-from gc25d_core.plots import encode_png, line_plot_png
+from gc25d_core.plots import line_plot_png
+from gc25d_core.preview import png_bytes
 
 # (sweep, region, key, header): the comparison table's columns
 TABLE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
@@ -81,7 +82,7 @@ def strip_png(rollout: dict[str, Any], num: int = 6, max_width: int = 1400) -> b
     if sheet.shape[1] > max_width:
         s = max_width / sheet.shape[1]
         sheet = cv2.resize(sheet, (max_width, max(1, int(sheet.shape[0] * s))), interpolation=cv2.INTER_AREA)
-    return encode_png(np.ascontiguousarray(sheet))
+    return png_bytes(sheet)
 
 
 def _fmt(v: Any) -> str:
