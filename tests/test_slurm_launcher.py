@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from gc25d_pipeline.lib.launcher import PreparedLaunch
 from gc25d_pipeline.lib.slurm import JOB_RECORD, SlurmLauncher, parse_scontrol
 from tests.launch_helpers import error_messages, materialize_cluster_check, start_cluster_check_cli
 from tests.services import ensure_service, slurm_up
@@ -138,3 +139,34 @@ def test_terminating_the_run_scancels_the_job(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         if job_id is not None:
             subprocess.run(["scancel", job_id])
+
+
+def test_sbatch_reads_quoted_options_as_written_and_runs_nothing_else(tmp_path):
+    """The job script with awkward but legal values goes through the real sbatch: held, so it never
+    runs; what Slurm recorded is each value verbatim (quotes, '#', '$(' and a space included)."""
+    comment = "a 'quoted' # comment $(touch pwned)"
+    launcher = SlurmLauncher(
+        partition="debug",
+        time_limit="0-01:30:00",
+        mem="100M",
+        sbatch_args=["--hold", f"--comment={comment}"],
+        extra_env={"GC25D_X": "a'b\n$(touch pwned)"},
+    )
+    run_dir = tmp_path / "run dir"
+    launch = PreparedLaunch(run_dir, run_dir / "config.yaml", run_dir / "logs", run_dir / "pipes", [])
+    launch.log_dir.mkdir(parents=True)
+    script = launch.log_dir / "job.sbatch"
+    script.write_text(
+        launcher.script("gc25d_core.jobs.cluster_check", launch, launcher.job_env(0), "gc25d x")
+    )
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    job_id = launcher.submit(script)
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%P|%l|%m|%j|%k|%r"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert out == f"debug|1:30:00|100M|gc25d x|{comment}|JobHeldUser", out
+    finally:
+        subprocess.run(["scancel", job_id])
+    assert not list(tmp_path.rglob("pwned")) and not (Path.cwd() / "pwned").exists()

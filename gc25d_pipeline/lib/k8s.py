@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from gc25d_pipeline.lib.launcher import (
     Context,
@@ -58,19 +58,33 @@ class KubernetesLauncher(JobLauncher):
     namespace: str = "default"
     image: str = Field(default="", description="container image with this checkout's environment")
     image_pull_policy: str = "IfNotPresent"
-    workdir: str = Field(default="", description="the checkout inside the image (PYTHONPATH); empty: cwd")
+    workdir: str = Field(
+        default="", description="the checkout inside the image, absolute (PYTHONPATH); empty: cwd"
+    )
     shared_claim: str = Field(default="", description="ReadWriteMany PVC holding the runs root")
-    shared_mount: str = Field(default="/shared", description="where the PVC is mounted (same path as here)")
-    gpus_per_node: int = Field(default=0, description="nvidia.com/gpu per pod")
+    shared_mount: str = Field(
+        default="/shared", description="where the PVC is mounted, absolute (same path as here)"
+    )
+    gpus_per_node: int = Field(default=0, ge=0, description="nvidia.com/gpu per pod")
     cpu: str | None = Field(default=None, description="CPU request and limit per pod, e.g. '96'")
     memory: str | None = Field(default=None, description="memory request and limit per pod, e.g. '1500Gi'")
     shm_size: str = Field(default="64Gi", description="size of the /dev/shm emptyDir")
-    rdzv_port: int = 29500
+    rdzv_port: int = Field(default=29500, ge=1, le=65535)
     service_account: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    active_deadline_s: int | None = Field(default=None, description="Job activeDeadlineSeconds")
-    poll_interval_s: float = 10.0
+    active_deadline_s: int | None = Field(default=None, ge=1, description="Job activeDeadlineSeconds")
+    poll_interval_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("workdir", "shared_mount")
+    @classmethod
+    def _absolute(cls, folder: str, info: ValidationInfo) -> str:
+        # paths inside the pod: refused at load, not at submission hours later (or resolved against
+        # whatever WORKDIR the image happens to have)
+        path = PurePosixPath(folder)
+        if (folder or info.field_name == "shared_mount") and (not path.is_absolute() or ".." in path.parts):
+            raise ValueError(f"{folder!r} must be an absolute path without '..'")
+        return folder
 
     def render(
         self, module: str, launch: PreparedLaunch, env: dict[str, str], name: str

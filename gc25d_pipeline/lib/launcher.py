@@ -33,7 +33,7 @@ from typing import Any
 
 import dagster as dg
 from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, DAGSTER_PIPES_MESSAGES_ENV_VAR, encode_param
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gc25d_core.config import Gc25dConfig, write_resolved
 
@@ -50,6 +50,8 @@ _PEER_LOSS_MARKERS = (
     "SIGINT",
 )
 _NODE_DIR = re.compile(r"^node-(\d+)$")
+# What a POSIX shell accepts as a variable name: the launchers write ``export NAME=...`` lines.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Errors of the job's inputs (config, names, manifests, weights, hand-offs): the same on every attempt,
 # so the step fails at once instead of retrying for minutes. torchrun's error.json message is
 # "<ExceptionType>: <text>".
@@ -189,15 +191,34 @@ def shared_fs_pipes(launch: PreparedLaunch) -> dict[str, Any]:
 class JobLauncher(dg.ConfigurableResource):
     """How heavy assets start their torchrun jobs; subclasses decide where the ranks run."""
 
-    nproc_per_node: int = Field(default=1, description="ranks per node (GPUs per node in production)")
-    nnodes: int = Field(default=1, description="nodes (torchrun agents) joined by one rendezvous")
+    nproc_per_node: int = Field(default=1, ge=1, description="ranks per node (GPUs per node in production)")
+    nnodes: int = Field(default=1, ge=1, description="nodes (torchrun agents) joined by one rendezvous")
     max_restarts: int = Field(
-        default=0, description="torchrun-internal restarts (Dagster retries are preferred)"
+        default=0, ge=0, description="torchrun-internal restarts (Dagster retries are preferred)"
     )
     python: str = Field(default=sys.executable, description="interpreter that runs torchrun and the ranks")
     extra_env: dict[str, str] = Field(
-        default_factory=dict, description="environment variables every rank gets on top of the launcher's"
+        default_factory=dict,
+        description="environment variables every rank gets on top of the launcher's; names are shell "
+        "variable names ([A-Za-z_][A-Za-z0-9_]*), values any text (quoted where they enter a script)",
     )
+
+    @field_validator("extra_env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"variable name {name!r} is not a shell variable name ({ENV_NAME.pattern})")
+            if "\0" in value:
+                raise ValueError(f"variable {name}: a value cannot hold a NUL character")
+        return env
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, python: str) -> str:
+        if not python or any(c in python for c in "\0\n\r"):
+            raise ValueError(f"{python!r} is not an interpreter path")
+        return python
 
     def launch(
         self,

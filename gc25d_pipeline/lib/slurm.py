@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_pipeline.lib.launcher import (
@@ -65,6 +66,16 @@ FAILED_STATES = {
 }
 _NODE, _HEAD, _PORT, _JOB = "@SLURM_NODEID@", "@RDZV_HOST@", "@RDZV_PORT@", "@SLURM_JOB_ID@"
 _KV = re.compile(r"(\w+)=(\S*)")
+# The grammars of the fields that become sbatch options. Each value is also quoted where it enters
+# the job script, but sbatch reads an #SBATCH line only up to its newline (quotes or not), so a value
+# must never hold one: it would end the comment and run the rest as a command.
+_NAME = r"[A-Za-z0-9_.-]+"
+PARTITION = re.compile(rf"{_NAME}(?:,{_NAME})*")  # one partition or a comma-separated list
+ACCOUNT = re.compile(_NAME)
+# sbatch --time: min, min:sec, h:min:sec, d-h, d-h:min, d-h:min:sec, or no limit
+TIME_LIMIT = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|(?i:unlimited|infinite)")
+MEM = re.compile(r"\d+[KMGTkmgt]?")
+SBATCH_ARG = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(?:=[^\n\r\0]*)?")
 
 
 class SlurmError(RuntimeError):
@@ -95,21 +106,65 @@ def parse_scontrol(text: str) -> dict[str, str]:
 class SlurmLauncher(JobLauncher):
     """Submits the job with sbatch (one task per node, torchrun inside) and follows it to its end."""
 
-    partition: str | None = Field(default=None, description="sbatch --partition")
-    account: str | None = Field(default=None, description="sbatch --account")
-    time_limit: str | None = Field(default=None, description="sbatch --time, e.g. 7-00:00:00")
-    gpus_per_node: int = Field(default=0, description="sbatch --gpus-per-node (0: none asked)")
-    cpus_per_task: int | None = Field(default=None, description="sbatch --cpus-per-task (the node's task)")
-    mem: str | None = Field(default=None, description="sbatch --mem per node, e.g. 0 for all")
-    sbatch_args: list[str] = Field(default_factory=list, description="more sbatch options, verbatim")
+    partition: str | None = Field(
+        default=None, description="sbatch --partition: a name or a comma-separated list ([A-Za-z0-9_.-])"
+    )
+    account: str | None = Field(default=None, description="sbatch --account ([A-Za-z0-9_.-])")
+    time_limit: str | None = Field(
+        default=None, description="sbatch --time in Slurm's formats, e.g. 7-00:00:00, 90, UNLIMITED"
+    )
+    gpus_per_node: int = Field(default=0, ge=0, description="sbatch --gpus-per-node (0: none asked)")
+    cpus_per_task: int | None = Field(
+        default=None, ge=1, description="sbatch --cpus-per-task (the node's task)"
+    )
+    mem: str | None = Field(default=None, description="sbatch --mem per node: digits[K|M|G|T], 0 for all")
+    sbatch_args: list[str] = Field(
+        default_factory=list,
+        description="more sbatch options, one --option[=value] per item, unquoted (the launcher quotes)",
+    )
     setup: list[str] = Field(
         default_factory=list,
-        description="shell lines run on every node before torchrun (module load, source a venv)",
+        description="shell lines run on every node before torchrun (module load, source a venv). "
+        "Shell by design: they run verbatim in node.sh, with the launching user's rights, like any "
+        "line of the job script; the one field here that is not validated or quoted",
     )
-    rdzv_port: int = Field(default=0, description="rendezvous port; 0: 20000 + job id mod 20000")
-    poll_interval_s: float = Field(default=5.0, description="seconds between scontrol polls")
-    cancel_timeout_s: float = Field(default=60.0, description="how long to wait for a cancelled job to end")
-    slurm_bin: str = Field(default="", description="folder of sbatch/scontrol/sacct/scancel; empty: PATH")
+    rdzv_port: int = Field(
+        default=0, ge=0, le=65535, description="rendezvous port; 0: 20000 + job id mod 20000"
+    )
+    poll_interval_s: float = Field(default=5.0, gt=0, description="seconds between scontrol polls")
+    cancel_timeout_s: float = Field(
+        default=60.0, ge=0, description="how long to wait for a cancelled job to end"
+    )
+    slurm_bin: str = Field(
+        default="", description="absolute folder of sbatch/scontrol/sacct/scancel; empty: PATH"
+    )
+
+    @field_validator("partition", "account", "time_limit", "mem")
+    @classmethod
+    def _sbatch_value(cls, value: str | None, info: ValidationInfo) -> str | None:
+        grammar = {"partition": PARTITION, "account": ACCOUNT, "time_limit": TIME_LIMIT, "mem": MEM}
+        pattern = grammar[str(info.field_name)]
+        if value is not None and not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} does not match {pattern.pattern}")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if not SBATCH_ARG.fullmatch(arg):
+                raise ValueError(
+                    f"{arg!r} is not one --option[=value] token without a newline ({SBATCH_ARG.pattern})"
+                )
+        return args
+
+    @field_validator("slurm_bin")
+    @classmethod
+    def _slurm_bin(cls, folder: str) -> str:
+        path = PurePosixPath(folder)
+        if folder and (not path.is_absolute() or ".." in path.parts or "\0" in folder):
+            raise ValueError(f"{folder!r} must be an absolute folder without '..' (or empty: PATH)")
+        return folder
 
     # --- Slurm commands --------------------------------------------------------------------------
 
@@ -208,7 +263,7 @@ class SlurmLauncher(JobLauncher):
         lines = [
             "#!/usr/bin/env bash",
             f"# {module}: written by SlurmLauncher; srun runs node.sh once per node.",
-            *(f"#SBATCH {o}" for o in opts),
+            *(f"#SBATCH {shlex.quote(o)}" for o in opts),
             "set -euo pipefail",
             *(f"export {k}={shell_join([v])}" for k, v in env.items()),
             'export GC25D_RDZV_HOST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',

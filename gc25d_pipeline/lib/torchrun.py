@@ -24,13 +24,14 @@ their collectives and fail, and each peer agent exits (``max_restarts`` 0).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from dagster._core.errors import DagsterPipesExecutionError
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.lifeline import DIR_ENV, PARENT_ENV, RunFolderBusy, lifeline_dir, reap_and_claim
@@ -50,6 +51,7 @@ __all__ = ["RankError", "TorchrunLauncher", "read_rank_errors"]
 
 PEER_SCRIPT = "peer_node.sh"
 _NODE = "@NODE_RANK@"  # placeholder for the node rank a peer script is run with
+_ENDPOINT = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?")
 
 
 class TorchrunLauncher(JobLauncher):
@@ -61,8 +63,18 @@ class TorchrunLauncher(JobLauncher):
     )
     rdzv_backend: str = Field(default="c10d", description="only c10d (the rendezvous the peers join)")
     termination_timeout_s: float = Field(
-        default=20.0, description="seconds between forwarding SIGINT to torchrun and killing it"
+        default=20.0, gt=0, description="seconds between forwarding SIGINT to torchrun and killing it"
     )
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _endpoint(cls, endpoint: str | None) -> str | None:
+        match = _ENDPOINT.fullmatch(endpoint) if endpoint is not None else None
+        if endpoint is not None and (
+            match is None or (match["port"] is not None and not 1 <= int(match["port"]) <= 65535)
+        ):
+            raise ValueError(f"{endpoint!r} is not host[:port] with a port in 1..65535")
+        return endpoint
 
     def command(self, module: str, args: list[str], log_dir: Path, rdzv_id: str = "none") -> list[str]:
         """The node-0 torchrun command (``--log-dir`` is ``log_dir/node-0``)."""
