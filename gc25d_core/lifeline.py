@@ -10,7 +10,9 @@ them. Two mechanisms close that:
   the kernel delivers it even when the interpreter is wedged (a rank blocked in a collective holding
   the GIL never runs a watchdog) and it costs no polling delay. The parent pid is handed down in
   ``GC25D_LIFELINE_PARENT``, so a process can tell that its parent already died between fork and
-  prctl (it was then re-parented) and kill itself instead of living on unarmed.
+  prctl (it was then re-parented) and kill itself instead of living on unarmed. Ranks arm it when
+  ``gc25d_core.jobs`` is first imported, before torch (``gc25d_core.parent_death``), which under a
+  plain ``torchrun`` too leaves only the interpreter's start-up unprotected.
   Caveats the design accepts: the signal follows the parent *thread* that forked (torchrun and
   Dagster's Pipes client both spawn and then wait from one thread), and children of a rank (data
   loader workers) do not inherit it; torch's loader workers watch their parent themselves.
@@ -26,25 +28,21 @@ them. Two mechanisms close that:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
-import signal
 import socket
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
 from gc25d_core.atomic import TMP_PREFIX, atomic_write_text
+from gc25d_core.parent_death import PARENT_ENV, die_with_parent
 
-PARENT_ENV = "GC25D_LIFELINE_PARENT"  # pid of the process whose death must kill this one
 DIR_ENV = "GC25D_LIFELINE_DIR"  # folder where each process of a launch records itself
 LIFELINE_DIRNAME = ".lifeline"
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _HOST_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _START_TIME_TOLERANCE_S = (
     1e-3  # psutil derives start times from clock ticks (10 ms); same process = same value
@@ -92,41 +90,6 @@ def current_record(role: str) -> ProcessRecord:
         raise ValueError(f"lifeline role {role!r} is not one of {ROLES}")
     pid = os.getpid()
     return ProcessRecord(pid=pid, create_time=psutil.Process(pid).create_time(), host=_host(), role=role)
-
-
-# --- parent-death signal -------------------------------------------------------------------------
-
-
-def _expected_parent() -> int | None:
-    """The parent this process must die with; None when nobody asked for it (run by hand)."""
-    raw = os.environ.pop(PARENT_ENV, None)  # popped: our own children have another parent
-    if raw is not None:
-        if not raw.isdigit() or int(raw) <= 1:
-            raise ValueError(f"environment {PARENT_ENV}={raw!r}: expected the pid of the launching process")
-        return int(raw)
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        # Under a plain torchrun the agent's pid is not handed down: arm for the current parent. The
-        # race with a parent that died during interpreter start-up cannot be detected here.
-        return os.getppid()
-    return None
-
-
-def _set_parent_death_signal(sig: signal.Signals) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
-
-
-def die_with_parent() -> None:
-    """Be SIGKILLed by the kernel when the launching parent dies; die now if it already has."""
-    expected = _expected_parent()
-    if expected is None or not sys.platform.startswith("linux"):
-        return
-    _set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != expected:
-        # The parent died before prctl armed the signal: we were re-parented and would never get it.
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- relaunch guard ------------------------------------------------------------------------------

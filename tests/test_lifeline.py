@@ -260,3 +260,78 @@ def test_a_malformed_record_names_its_file_and_field(tmp_path):
     bad.write_text(json.dumps({"pid": "12", "create_time": 1.0, "host": "host", "role": "rank"}))
     with pytest.raises(ValueError, match=f"{bad}: field 'pid'"):
         reap_and_claim(folder)
+
+
+# Plain torchrun (no lifeline wrapper, so no pid handed down), killed while its ranks still start up.
+# The driver is a subreaper: the orphans come to it, so it can see each one end (and reap it).
+# "Starting up" is observable: a rank maps libtorch while importing torch, which the entry module
+# does only after the gc25d_core.jobs package (where the rank arms its parent-death signal) and
+# seconds before jobs.common.run_job (where it armed before the fix).
+_PLAIN_TORCHRUN_DRIVER = textwrap.dedent(
+    r"""
+    import ctypes, json, os, signal, subprocess, sys, time
+    import psutil
+
+    PR_SET_CHILD_SUBREAPER = 36
+    assert ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    command, trials, bound = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+
+    def importing_torch(pid):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                return "libtorch" in f.read()
+        except OSError:
+            return False
+
+    survivors = []
+    for _ in range(trials):
+        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline, ranks = time.monotonic() + 120, []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            ranks = [p.pid for p in psutil.Process(agent.pid).children() if importing_torch(p.pid)]
+            time.sleep(0.01)
+        assert len(ranks) == 2, "the ranks did not start"
+        agent.kill()  # SIGKILL of the torchrun agent while both ranks are importing torch
+        agent.wait()
+        alive, end = set(ranks), time.monotonic() + bound
+        while alive and time.monotonic() < end:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)  # orphans are ours to reap
+            except ChildProcessError:
+                break  # no child left at all
+            alive.discard(pid)
+            if not pid:
+                time.sleep(0.05)
+        survivors.append(sorted(alive))
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    print(json.dumps(survivors))
+    """
+)
+
+
+def test_sigkill_of_plain_torchrun_during_rank_start_up_kills_the_ranks(tmp_path):
+    """Under a plain torchrun nothing hands the agent's pid down; before the fix a rank armed its
+    parent-death signal only after torch's imports, so an agent killed meanwhile left both ranks
+    running (re-parented, bound to their new parent, waiting on the dead agent's store)."""
+    run_dir = tmp_path / "runs" / "cluster_check"
+    cfg = load_config(
+        "tiny", {"paths": {"data_root": str(tmp_path / "data"), "runs_root": str(tmp_path / "runs")}}
+    )
+    job_args = ["--config", str(write_resolved(cfg, run_dir)), "--run-dir", str(run_dir)]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        f"--log-dir={tmp_path / 'logs'}", "-m", JOB_MODULE, *job_args, "--steps", "100000",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "GC25D_LIFELINE_PARENT"}
+    out = subprocess.run(
+        [sys.executable, "-c", _PLAIN_TORCHRUN_DRIVER, json.dumps(command), "3", str(DEATH_BOUND_S)],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout) == [[], [], []], f"ranks outlived their torchrun: {out.stdout}"
