@@ -63,8 +63,24 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--out", type=Path, default=Path("outputs/play.mp4"))
     serve = sub.add_parser("serve", help="the local web page")
     _common(serve)
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to NAME (a host name, an IP, *.domain or *); by default "
+        "only the served address (and localhost's names on a loopback bind)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="also accept the WebSocket from pages of URL (scheme://host[:port], or *); by default "
+        "only pages served here",
+    )
     return p
 
 
@@ -152,14 +168,30 @@ def play(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def serve_app(args: argparse.Namespace, session: Any):
+    """The web app of ``serve``'s arguments around ``session``."""
+    from gc25d_core.deploy.web import create_app
+
+    return create_app(
+        session,
+        host=args.host,
+        port=args.port,
+        allow_hosts=args.allow_host,
+        allow_origins=args.allow_origin,
+    )
+
+
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from gc25d_core.deploy.web import create_app
+    from gc25d_core.deploy.web import allowed_hosts, allowed_origins
 
+    # a bad --allow-* fails before the model loads
+    allowed_origins(allowed_hosts(args.host, args.allow_host), args.port, args.allow_origin)
     session, _, what = open_from_args(args)
+    app = serve_app(args, session)
     print(f"deploy serve: {what} on http://{args.host}:{args.port}", file=sys.stderr)
-    uvicorn.run(create_app(session), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 def main(argv: list[str] | None = None) -> int:

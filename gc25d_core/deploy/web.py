@@ -7,14 +7,27 @@ the cell's times (world, denoise, commit, decode, total). The server sends at th
 (one cell per 0.25 s at most: 4 frames at 16 fps); the page plays through a small jitter buffer
 (starts after 2 frames, holds on underrun, drops the oldest past 12) and shows the live fps and
 the per-cell latency, denoise and decode apart. One session runs at a time (one model).
+
+Who may connect: the page is served to browsers, and a browser lets any site it visits open a
+WebSocket to ``127.0.0.1`` (and, by DNS rebinding, send any request there under a name of its
+choosing). So the ``Host`` of every request must name the served address (for a loopback bind:
+``127.0.0.1``, ``localhost`` or ``[::1]``; for a wildcard bind: this machine's names and addresses),
+else 400; and a WebSocket whose ``Origin`` is not ``http://<allowed host>:<port>`` is refused (403)
+before it can take the session. A handshake without ``Origin`` (not a browser) is let through:
+browsers always send one. ``allow_hosts`` / ``allow_origins`` (``serve --allow-host`` /
+``--allow-origin``) admit more, e.g. behind a reverse proxy; ``*`` turns a check off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
+import re
 import time
+from collections.abc import Iterable
+from socket import AF_INET, AF_INET6, getfqdn, gethostname
 from typing import Any
 
 import cv2
@@ -24,6 +37,10 @@ from gc25d_core.deploy.actions import keys_to_block
 from gc25d_core.preview import colorize_ids, png_bytes
 
 CELL_S = 0.25  # 4 frames at 16 fps
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+WILDCARD_BINDS = ("0.0.0.0", "::", "[::]", "")
+_HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?|\[[0-9a-f:.]+\]")
+_ORIGIN = re.compile(r"(https?)://([a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::(\d{1,5}))?")
 
 
 def _jpeg(rgb: np.ndarray) -> str:
@@ -109,19 +126,89 @@ setInterval(() => {  // 16 fps through the jitter buffer
 """
 
 
-def create_app(session: Any):
-    """The starlette app serving ``session`` (a ``session.LiveSession``)."""
+def host_name(host: str) -> str:
+    """``host`` as a Host header names it: lowercase, an IPv6 address in brackets."""
+    host = host.strip().lower()
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _machine_names() -> set[str]:
+    """What a client may call this machine by when the server listens on every interface."""
+    import psutil
+
+    names = {gethostname(), getfqdn()}
+    for addrs in psutil.net_if_addrs().values():
+        names |= {a.address for a in addrs if a.family in (AF_INET, AF_INET6)}
+    return {host_name(n) for n in names if n and "%" not in n}  # no scoped link-local addresses
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def allowed_hosts(bound: str, extra: Iterable[str] = ()) -> list[str]:
+    """Host names a request may carry for a server bound to ``bound``, plus ``extra`` (validated)."""
+    bound = bound.strip().lower()
+    if bound in WILDCARD_BINDS:
+        names = set(LOOPBACK_HOSTS) | _machine_names()
+    else:
+        names = {host_name(bound)} | (set(LOOPBACK_HOSTS) if _is_loopback(bound) else set())
+    for host in extra:
+        name = host_name(host)
+        if not _HOST.fullmatch(name):
+            raise ValueError(f"--allow-host {host!r}: expected a host name, an IP address, *.domain or *")
+        names.add(name)
+    return sorted(names)
+
+
+def allowed_origins(hosts: Iterable[str], port: int, extra: Iterable[str] = ()) -> set[str]:
+    """``http://<host>:<port>`` of every exact allowed host (a browser omits port 80), plus ``extra``."""
+    origins = set()
+    for host in hosts:
+        if "*" not in host:
+            origins.add(f"http://{host}:{port}")
+            if port == 80:
+                origins.add(f"http://{host}")
+    for origin in extra:
+        normal = origin.strip().lower().rstrip("/")
+        if normal != "*" and not _ORIGIN.fullmatch(normal):
+            raise ValueError(f"--allow-origin {origin!r}: expected scheme://host[:port] (or *)")
+        origins.add(normal)
+    return origins
+
+
+def create_app(
+    session: Any,
+    *,
+    host: str,
+    port: int,
+    allow_hosts: Iterable[str] = (),
+    allow_origins: Iterable[str] = (),
+):
+    """The starlette app serving ``session`` (a ``session.LiveSession``) at ``host``:``port``,
+    answering only requests addressed to it (see the module's docstring)."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.responses import HTMLResponse
     from starlette.routing import Route, WebSocketRoute
     from starlette.websockets import WebSocket, WebSocketDisconnect
 
+    hosts = allowed_hosts(host, allow_hosts)
+    origins = allowed_origins(hosts, port, allow_origins)
     lock = asyncio.Lock()
 
     async def page(request: Any) -> HTMLResponse:
         return HTMLResponse(PAGE)
 
     async def ws(socket: WebSocket) -> None:
+        origin = socket.headers.get("origin")
+        if origin is not None and "*" not in origins and origin.lower().rstrip("/") not in origins:
+            await socket.close(code=1008, reason="origin not allowed")  # before accept: HTTP 403
+            return
         await socket.accept()
         if lock.locked():
             await socket.send_text(json.dumps({"type": "error", "error": "another session is running"}))
@@ -162,4 +249,7 @@ def create_app(session: Any):
             finally:
                 reader.cancel()
 
-    return Starlette(routes=[Route("/", page), WebSocketRoute("/ws", ws)])
+    return Starlette(
+        routes=[Route("/", page), WebSocketRoute("/ws", ws)],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)],
+    )

@@ -36,7 +36,12 @@ def server(tiny_export, deploy_cfg):
     session = open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu")
     port = _free_port()
     srv = uvicorn.Server(
-        uvicorn.Config(create_app(session), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            create_app(session, host="127.0.0.1", port=port),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
     )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
