@@ -10,6 +10,9 @@ JSON lines and logs go under $OUT (default /tmp/gc25d_bench/<suite>).
 The GPU suites expect the wheels the device lacks in .whl/ (carry [".whl"]); they install them into
 /tmp/site first. FA4 suites need the three fa4-stage calls of bench/fa4_wheels.sh first. Results,
 with their dates and devices, are in docs/benchmarks.md and its reports.
+
+A suite exits 1 when any of its steps (each a `timeout N …` command) times out or fails, naming the
+step on stderr at once and again at the end; the later steps still run and print what they have.
 """
 
 from __future__ import annotations
@@ -32,6 +35,34 @@ class Suite:
     wheels: bool = True  # install .whl/*.whl into /tmp/site first
 
 
+# prepended to every suite: each step runs under `timeout`, and a step's status is otherwise lost in
+# its pipeline (`timeout … | grep …` ends with grep's); so `timeout` is wrapped to record every step
+# that times out (124, or 137 once killed) or fails in $FAILED, name it at once on stderr, and
+# SUITE_END (appended to every suite) makes the suite exit 1 when any did. No `set -e`: a grep that
+# finds no line (no errors in a log) is not a failure.
+PREAMBLE = r"""set -u
+FAILED=$(mktemp)
+timeout() {
+  command timeout "$@"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    local what="failed (exit $rc)"
+    { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && what="timed out after ${1}s"
+    echo "suite $NAME: step $what: ${*:2}" | cut -c1-400 | tee -a "$FAILED" >&2
+  fi
+  return "$rc"
+}
+"""
+SUITE_END = r"""
+if [ -s "$FAILED" ]; then
+  echo "suite $NAME FAILED: $(wc -l < "$FAILED") step(s) timed out or failed:" >&2
+  cat "$FAILED" >&2
+  rm -f "$FAILED"
+  exit 1
+fi
+rm -f "$FAILED"
+exit 0
+"""
 # prepended to every suite that needs the wheels
 WHEELS = """
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -247,7 +278,15 @@ stages "n${1:-8}" 300 --nproc "${1:-8}" --runs "$runs" --steps 6 --warm 2 --clip
 
 def script_of(name: str) -> str:
     suite = SUITES[name]
-    return "set -u\n" + (WHEELS if suite.wheels else "") + HELPERS + f"NAME={name}\n" + suite.script + "\n"
+    return (
+        f"NAME={name}\n"
+        + PREAMBLE
+        + (WHEELS if suite.wheels else "")
+        + HELPERS
+        + suite.script
+        + "\n"
+        + SUITE_END
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

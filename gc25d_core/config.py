@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -340,23 +341,35 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def preset_names() -> list[str]:
+    """The bare preset names: configs/<name>.yaml."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+
+
 def preset_path(preset: str | os.PathLike[str]) -> Path:
     """A path ending in .yaml / .yml is taken as is (an explicit preset file); anything else must be
-    a bare name (gc25d_core.names) and resolves to configs/<name>.yaml inside configs/."""
+    a bare name (gc25d_core.names) of a file configs/<name>.yaml. An unknown name fails naming the
+    valid ones."""
     path = Path(preset)
     if path.suffix in (".yaml", ".yml"):
         return path
+    valid = (
+        f"the presets are {', '.join(preset_names())} (configs/<name>.yaml), or give a path to a .yaml file"
+    )
     try:
-        return path_under(CONFIGS_DIR, str(preset), "preset", suffix=".yaml")
+        found = path_under(CONFIGS_DIR, str(preset), "preset", suffix=".yaml")
     except InvalidNameError as e:
-        raise ConfigError(f"{e} (or give a path to a .yaml file)") from None
+        raise ConfigError(f"{e}; {valid}") from None
+    if not found.is_file():
+        raise ConfigError(f"preset {str(preset)!r} does not exist; {valid}")
+    return found
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file {path} does not exist") from e
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from e
     if data is None:
@@ -377,11 +390,59 @@ def _resolve_relative(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     return data
 
 
+def override_origins(overrides: list[str] | tuple[str, ...] | dict[str, Any] | None) -> dict[str, str]:
+    """Dotted key → the override that set it, as the user wrote it (``sft.optim.lr=abc``); for a
+    nested dict, each leaf as ``key=value``."""
+    if not overrides:
+        return {}
+    if isinstance(overrides, dict):
+
+        def leaves(tree: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+            for k, v in tree.items():
+                if isinstance(v, dict) and v:
+                    yield from leaves(v, f"{prefix}{k}.")
+                else:
+                    yield f"{prefix}{k}", v
+
+        return {key: f"{key}={value}" for key, value in leaves(overrides, "")}
+    out = {}
+    for item in overrides:
+        dotted = item.split("=", 1)[0]
+        out[".".join(p.strip() for p in dotted.split("."))] = item.strip()
+    return out
+
+
+def _config_error(err: ValidationError, source: str, origins: Mapping[str, str]) -> str:
+    """One line per error that an override caused, naming it with its value: an error at or under
+    the key it set, or a section's check over keys overrides set in it (with the preset's others).
+    The remaining errors are listed under the preset file, as ``format_validation_error`` does."""
+    by_override, from_file = [], []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        key = next(
+            (k for k in sorted(origins, key=len, reverse=True) if loc == k or loc.startswith(k + ".")), None
+        )
+        inside = [v for k, v in origins.items() if loc and k.startswith(loc + ".")]
+        if key is not None:
+            where = "" if loc == key else f" ({loc})"
+            by_override.append(f"override {origins[key]}: {e['msg']}{where}")
+        elif inside:
+            by_override.append(f"override {', '.join(inside)}: {loc}: {e['msg']} (with {source})")
+        else:
+            from_file.append(f"  {loc or '<root>'}: {e['msg']}")
+    head = [f"{source}: invalid configuration", *from_file] if from_file else []
+    return "\n".join(by_override + head)
+
+
 def load_config(
     preset: str | os.PathLike[str] = "tiny",
     overrides: list[str] | tuple[str, ...] | dict[str, Any] | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> Gc25dConfig:
-    """Resolve defaults < preset YAML < overrides into a validated ``Gc25dConfig``."""
+    """Resolve defaults < preset YAML < overrides into a validated ``Gc25dConfig``.
+
+    An invalid value an override set is reported as that override (``origins``: dotted key → how
+    the user wrote it; by default the overrides themselves), not as the preset file."""
     path = preset_path(preset)
     data = _resolve_relative(read_yaml(path), path.parent)
     if isinstance(overrides, dict):
@@ -391,7 +452,30 @@ def load_config(
     try:
         return Gc25dConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, str(path))) from None
+        named = override_origins(overrides) if origins is None else origins
+        raise ConfigError(_config_error(e, str(path), named)) from None
+
+
+def check_given_roots(cfg: Gc25dConfig, given: Mapping[str, str]) -> None:
+    """The data roots a user gave (``given``: dotted field → how it was given) must hold data now.
+
+    A preset's own roots may be created: the embedded default generates its code world and builds
+    its processed data under data/<preset>/ on first run. A root the user names instead (an
+    override, a resource field) must already exist: a typo or an unmounted disk would otherwise be
+    created and filled silently. ``paths.data_root`` must be a folder (the processed data is written
+    into it); ``raw.root`` of a real dataset (``raw.kind: v10``) must hold its index; a code world's
+    raw root is generated, so it may be new."""
+    if "paths.data_root" in given and not Path(cfg.paths.data_root).is_dir():
+        raise ConfigError(
+            f"{given['paths.data_root']}: paths.data_root {cfg.paths.data_root} is not an existing folder; "
+            "create it first (the processed data is written into it) or leave paths.data_root at the preset's"
+        )
+    if "raw.root" in given and cfg.raw.kind == "v10":
+        index = Path(cfg.raw.root) / "index" / "clips_81.json"
+        if not index.is_file():
+            raise ConfigError(
+                f"{given['raw.root']}: raw.root {cfg.raw.root} holds no raw dataset ({index} is missing)"
+            )
 
 
 def config_from_yaml(path: Path) -> Gc25dConfig:

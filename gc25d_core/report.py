@@ -37,19 +37,32 @@ class Reporter(Protocol):
 
     def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None: ...
 
-    def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress: ...
+    def progress(self, total: int, unit: str = "items", every_s: float = 5.0, start: int = 0) -> Progress: ...
 
 
 class Progress:
     """Counts done / total; logs rate and ETA at most every ``every_s`` seconds and at the end.
 
+    ``start`` is the count a resumed run begins at: it counts towards done / total but not towards
+    the rate, which is this session's work over this session's time (a run resumed at 400 of 404
+    has done 1 step in its first second, not 401), so the ETA is the remaining work at that rate.
+
     ``job_done`` (set by a sharded job on rank 0) turns this rank's count into the whole job's
     (``total`` is then the job's); ``label`` is appended to each line ("over 2 ranks")."""
 
-    def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
+    def __init__(
+        self,
+        reporter: Reporter,
+        total: int,
+        unit: str,
+        every_s: float,
+        start: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.reporter, self.total, self.unit, self.every_s = reporter, total, unit, every_s
-        self.done = 0
-        self.t0 = time.monotonic()
+        self.start = self.done = start
+        self.clock = clock
+        self.t0 = clock()
         self._last = -math.inf
         self.job_done: Callable[[int], int] | None = None
         self.label = ""
@@ -59,22 +72,23 @@ class Progress:
 
     def summary(self) -> dict[str, float]:
         done = self.shown()
-        dt = time.monotonic() - self.t0
-        rate = done / dt if dt > 0 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else float("nan")
-        return {"done": done, "total": self.total, "per_s": rate, "eta_s": eta}
+        dt = self.clock() - self.t0
+        rate = (done - self.start) / dt if dt > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else (0.0 if done >= self.total else float("nan"))
+        return {"done": done, "total": self.total, "start": self.start, "per_s": rate, "eta_s": eta}
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        now = time.monotonic()
+        now = self.clock()
         # with job_done, this rank's end is not the job's: the job logs its own last line
         final = self.job_done is None and self.done >= self.total
         if now - self._last >= self.every_s or final:
             self._last = now
             s = self.summary()
             eta = "?" if math.isnan(s["eta_s"]) else f"{s['eta_s']:.0f}s"
+            resumed = f"resumed at {self.start}, " if self.start else ""
             self.reporter.log(
-                f"{self.unit} {s['done']:.0f}/{self.total} ({s['per_s']:.2f} {self.unit}/s, ETA {eta})"
+                f"{self.unit} {s['done']:.0f}/{self.total} ({resumed}{s['per_s']:.2f} {self.unit}/s, ETA {eta})"
                 + (f" {self.label}" if self.label else "")
             )
 
@@ -98,11 +112,14 @@ class BarProgress(Progress):
     """A tqdm bar on stderr for a person at a terminal; where stderr is not one (logs, CI) tqdm
     draws nothing and the rate lines of ``Progress`` are logged instead."""
 
-    def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float):
+    def __init__(self, reporter: Reporter, total: int, unit: str, every_s: float, start: int = 0):
         from tqdm import tqdm
 
-        super().__init__(reporter, total, unit, every_s)
-        self.bar = tqdm(total=total, unit=f" {unit}", file=sys.stderr, disable=None, dynamic_ncols=True)
+        super().__init__(reporter, total, unit, every_s, start)
+        # tqdm's rate counts from ``initial`` as ours counts from ``start``
+        self.bar = tqdm(
+            total=total, initial=start, unit=f" {unit}", file=sys.stderr, disable=None, dynamic_ncols=True
+        )
 
     def update(self, n: int = 1) -> None:
         if self.bar.disable:
@@ -152,10 +169,10 @@ class StdoutReporter:
         self.materializations.append({"metadata": metadata, "data_version": data_version})
         self._emit({"event": "materialize", "metadata": metadata, "data_version": data_version})
 
-    def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
+    def progress(self, total: int, unit: str = "items", every_s: float = 5.0, start: int = 0) -> Progress:
         if self.bars and self.rank == 0:
-            return BarProgress(self, total, unit, every_s)
-        return Progress(self, total, unit, every_s)
+            return BarProgress(self, total, unit, every_s, start)
+        return Progress(self, total, unit, every_s, start)
 
 
 def _pipes_metadata_value(v: Any) -> Any:
@@ -206,8 +223,8 @@ class PipesReporter:
     def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None:
         self.pipes.report_asset_materialization(metadata=pipes_metadata(metadata), data_version=data_version)
 
-    def progress(self, total: int, unit: str = "items", every_s: float = 5.0) -> Progress:
-        return Progress(self, total, unit, every_s)
+    def progress(self, total: int, unit: str = "items", every_s: float = 5.0, start: int = 0) -> Progress:
+        return Progress(self, total, unit, every_s, start)
 
 
 def launched_by_dagster() -> bool:

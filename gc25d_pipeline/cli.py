@@ -10,6 +10,12 @@ far cond is below uncond at the last validation (what ``make run`` prints).
 ``python -m gc25d_pipeline.cli eval-table [SNAPSHOT]``: the eval asset's comparison table across the
 chain's exports on that snapshot (what ``make run`` prints at its end).
 
+``python -m gc25d_pipeline.cli check-config``: resolve the project's config (GC25D_PRESET,
+GC25D_OVERRIDES) and print its roots, or the one line saying which preset, override or field is
+wrong (exit 2) — what Dagster would otherwise report inside its definitions-loading tracebacks.
+
+A config error of any command is printed as that one line (exit 2), without a traceback.
+
 ``python -m gc25d_pipeline.cli launch JOB [PARTITION] [--config-json JSON]``: queue a run of JOB on the
 instance (what ``dagster job launch`` does, which prints nothing) and print its run id; the daemon
 of ``dg dev`` / ``make dev`` on the same DAGSTER_HOME starts it. A partition must exist already.
@@ -24,6 +30,7 @@ import dagster as dg
 from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.manifest import snapshot_id
 from gc25d_core.cache.snapshots import list_versions
+from gc25d_core.config import ConfigError
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import default_project
 
@@ -100,10 +107,29 @@ def launch(
     )
 
 
+def check_config() -> int:
+    project = default_project()
+    cfg = project.config()
+    print(
+        f"preset {project.preset}: data root {cfg.paths.data_root}, runs root {cfg.paths.runs_root}, "
+        f"raw {cfg.raw.kind} at {cfg.raw.root}, cache {cfg.cache.store}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except ConfigError as e:  # the message names the preset, override or field: no traceback
+        print(f"gc25d: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gc25d_pipeline.cli")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("sync-snapshots", help="add a partition per published snapshot; print the newest")
+    sub.add_parser("check-config", help="resolve the project's config; print its roots or what is wrong")
     run = sub.add_parser("launch", help="queue a run of a job; print its run id")
     run.add_argument("job", help="e.g. sft_job")
     run.add_argument("partition", nargs="?", help="snapshot id, e.g. v000001 (partitioned jobs)")
@@ -116,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             "snapshot", nargs="?", default=None, help="a snapshot id (default: the newest)"
         )
     args = ap.parse_args(argv)
+    if args.command == "check-config":
+        return check_config()
     if args.command == "learning-signal":
         return learning_signal(args.snapshot)
     if args.command == "eval-table":

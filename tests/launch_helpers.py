@@ -29,6 +29,7 @@ ENDLESS_CLUSTER_CHECK = '{"ops": {"cluster_check": {"config": {"steps": 100000, 
 
 
 def tiny_project(tmp_path: Path) -> Gc25dProject:
+    (tmp_path / "data").mkdir(exist_ok=True)  # a data root the user names must exist
     store = ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs"))
     return Gc25dProject(preset="tiny", store=store)
 
@@ -61,6 +62,7 @@ def start_cluster_check_cli(
     ``launcher_config`` describes (GC25D_LAUNCHER_CONFIG)."""
     home = tmp_path / "home"
     home.mkdir()
+    (tmp_path / "data").mkdir(exist_ok=True)  # a data root the user names must exist
     (home / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
     env = {
         **os.environ,

@@ -42,6 +42,7 @@ def _tick(instance, project, cursor):
 
 @pytest.fixture
 def project(tmp_path):
+    (tmp_path / "data").mkdir()  # a data root the user names must exist (config.check_given_roots)
     p = Gc25dProject(
         preset="tiny",
         overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],

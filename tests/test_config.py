@@ -124,7 +124,7 @@ def test_text_table_path_without_sha256_fails_to_load(tmp_path):
     ) as e:
         load_config(preset)
     assert str(preset) in str(e.value)
-    with pytest.raises(ConfigError, match=r"text\.table_sha256: .*required"):
+    with pytest.raises(ConfigError, match=r"override text\.table_sha256=null: .*required"):
         load_config(preset, ["text.table_sha256=null"])
     with pytest.raises(ConfigError, match=r"text\.table_sha256"):
         load_config("tiny", ["text.table_path=/data/t.pt"])

@@ -39,6 +39,7 @@ class RecordingLauncher(JobLauncher):
 
 @pytest.fixture
 def project(tmp_path: Path) -> Gc25dProject:
+    (tmp_path / "data").mkdir()  # a data root the user names must exist (config.check_given_roots)
     p = Gc25dProject(
         preset="tiny",
         overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],

@@ -48,6 +48,7 @@ def test_a_run_and_a_sensor_tick_land_in_postgres(tmp_path, database):
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text((ROOT / "dagster.postgres.yaml").read_text())
+    (tmp_path / "data").mkdir()  # a data root the user names must exist (config.check_given_roots)
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),

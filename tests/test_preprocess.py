@@ -38,6 +38,7 @@ def _cfg(tmp_path, raw_root):
 
 
 def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_raw):
+    (tmp_path / "data").mkdir()  # a data root the user names must exist (config.check_given_roots)
     project = Gc25dProject(
         preset="tiny",
         # a token fit: the test is about the wiring (fit -> record -> latents -> preview), not quality

@@ -33,6 +33,49 @@ def test_progress_reports_rate_and_eta(capsys):
     assert bar.summary()["done"] == 4
 
 
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_resumed_progress_counts_only_this_sessions_steps_in_rate_and_eta(capsys):
+    """A run resumed at 400 of 404 that takes 1 s per step: 0.9-ish steps/s and 3 s left after its
+    first step, not 401 steps over 1 s with no time left."""
+    from gc25d_core.report import Progress
+
+    clock = FakeClock()
+    bar = Progress(StdoutReporter(rank=0), total=404, unit="steps", every_s=0.0, start=400, clock=clock)
+    clock.now += 1.0
+    bar.update()
+    s = bar.summary()
+    assert (s["done"], s["start"], s["per_s"], s["eta_s"]) == (401, 400, 1.0, 3.0)
+    clock.now += 3.0
+    for _ in range(3):
+        bar.update()
+    lines = [json.loads(x)["message"] for x in capsys.readouterr().out.splitlines()]
+    assert lines[0] == "steps 401/404 (resumed at 400, 1.00 steps/s, ETA 3s)"
+    assert lines[-1] == "steps 404/404 (resumed at 400, 1.00 steps/s, ETA 0s)"
+
+
+def test_fresh_progress_line_does_not_mention_a_resume(capsys):
+    from gc25d_core.report import Progress
+
+    clock = FakeClock()
+    bar = Progress(StdoutReporter(rank=0), total=4, unit="clips", every_s=0.0, clock=clock)
+    clock.now += 2.0
+    bar.update()
+    assert json.loads(capsys.readouterr().out)["message"] == "clips 1/4 (0.50 clips/s, ETA 6s)"
+
+
+def test_reporters_pass_the_resumed_count_on():
+    rep = StdoutReporter(rank=0)
+    assert rep.progress(total=10, unit="steps", start=7).start == 7
+    assert rep.progress(total=10, unit="steps", start=7).done == 7
+
+
 def test_open_reporter_uses_stdout_without_dagster(monkeypatch):
     monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
     with open_reporter() as rep:

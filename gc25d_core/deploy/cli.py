@@ -144,6 +144,12 @@ def play(args: argparse.Namespace) -> dict[str, Any]:
     blocks = script_blocks(args)  # a bad script fails before anything loads
     session, cfg, what = open_from_args(args)
     print(f"deploy play: {what}, {len(blocks)} cells", file=sys.stderr)
+    # A rendered video can afford a device sync per forward, so its forwards are timed one by one
+    # and the commit (the t = 0 forward that writes the cell into the cache) is measured apart from
+    # the denoise steps; the live page (serve) syncs once per cell and shows them as one figure.
+    # A folded commit (--fold-commit) runs inside the next cell's first forward: it has no time of
+    # its own, and is written as null, its time counted in the next cell's denoise.
+    session.runtime.timing = True
     rgb = list(session.start())
     ids = [session.ids0]
     cells = []
@@ -153,7 +159,10 @@ def play(args: argparse.Namespace) -> dict[str, Any]:
         rgb += s.out.frames
         ids.append(s.ids)
         t = s.out.times
-        cells.append({"cell": s.cell, "key": s.key, "block": s.block.tolist(), **t.as_dict()})
+        timed: dict[str, float | None] = {**t.as_dict()}
+        if args.fold_commit:
+            timed["commit"] = None
+        cells.append({"cell": s.cell, "key": s.key, "block": s.block.tolist(), **timed})
         bar.set_postfix(
             denoise=f"{t.denoise + t.commit:.3f}s", decode=f"{t.decode:.3f}s", total=f"{t.total:.3f}s"
         )
@@ -162,7 +171,16 @@ def play(args: argparse.Namespace) -> dict[str, Any]:
     scale = 2 if frames.shape[2] < 400 else 1
     video = side_by_side([frames, colorize_ids(id_frames)], ["rgb", "ids"], scale=scale)
     path = write_video(args.out, video, fps=16.0)
-    summary = {"video": str(path), "export": what, "frames": int(len(frames)), "cells": cells}
+    commit = (
+        "folded into the next cell's first forward (in its denoise)" if args.fold_commit else "timed apart"
+    )
+    summary = {
+        "video": str(path),
+        "export": what,
+        "frames": int(len(frames)),
+        "timing": f"per forward, device-synchronised; commit {commit}",
+        "cells": cells,
+    }
     atomic_write_text(Path(str(path) + ".json"), json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "cells"}))
     return summary

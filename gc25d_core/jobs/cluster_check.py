@@ -36,8 +36,7 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
         start_step, total = state["step"], state["total"]
         rep.log(f"resuming from {ckpts.path(latest)} (step {start_step})")
     expected_per_step = world * (world + 1) / 2
-    progress = rep.progress(total=args.steps, unit="steps", every_s=2.0)
-    progress.done = start_step
+    progress = rep.progress(total=args.steps, unit="steps", every_s=2.0, start=start_step)
     latencies = []
     for step in range(start_step + 1, args.steps + 1):
         maybe_inject_fault(step, rep.retry_number)

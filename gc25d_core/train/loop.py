@@ -191,8 +191,7 @@ class StageRun:
     def _loop(self, start_step: int, max_steps: int | None, curves: TensorBoardLog) -> dict[str, Any]:
         sec = self.section
         target = sec.max_steps if max_steps is None else max_steps
-        progress = self.rep.progress(total=target, unit="steps", every_s=10.0)
-        progress.done = start_step
+        progress = self.rep.progress(total=target, unit="steps", every_s=10.0, start=start_step)
         samples_per_step = sec.micro_batch * sec.grad_accum * self.world
         self.rep.log(
             f"{self.name} {sec.engine} {self.precision} on {self.world} x {self.device.type}: steps "

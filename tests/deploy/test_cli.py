@@ -31,8 +31,22 @@ def test_play_writes_an_mp4_of_the_expected_frames(tiny_export, deploy_cfg, tmp_
         "run_right",
         "light_attack",
     ]
-    assert all(c["denoise"] >= 0 and c["decode"] > 0 and c["total"] > 0 for c in summary["cells"])
+    assert all(c["denoise"] > 0 and c["decode"] > 0 and c["total"] > 0 for c in summary["cells"])
+    # the commit forward is timed on its own (it was 0.0 in every cell while forwards went untimed)
+    assert all(c["commit"] > 0 for c in summary["cells"])
+    assert summary["timing"] == "per forward, device-synchronised; commit timed apart"
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["frames"] == 17
+
+
+def test_a_folded_commit_has_no_time_of_its_own(tiny_export, deploy_cfg, tmp_path):
+    out = tmp_path / "fold.mp4"
+    argv = ["play", "--export", str(tiny_export), "--actions", "fwd*2", "--out", str(out), "--fold-commit"]
+    argv += ["--set", f"paths.runs_root={deploy_cfg.paths.runs_root}", "--set", "vae.fit.enabled=false"]
+    assert main([*argv, "--device", "cpu"]) == 0
+    summary = json.loads((tmp_path / "fold.mp4.json").read_text())
+    assert [c["commit"] for c in summary["cells"]] == [None, None]
+    assert all(c["denoise"] > 0 for c in summary["cells"])
+    assert "commit folded into the next cell's first forward" in summary["timing"]
 
 
 def test_cli_errors_name_the_cause(tmp_path, capsys):
