@@ -61,7 +61,7 @@ def start_cluster_check_cli(
     ``launcher_config`` describes (GC25D_LAUNCHER_CONFIG)."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
