@@ -4,13 +4,21 @@ PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip
 # dg (dagster-dg-cli) reads the project from pyproject.toml's [tool.dg]
 DG        := $(VENV)/bin/dg
-export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# dg warns on every call unless VIRTUAL_ENV names the project's .venv: every command here runs from
+# that venv's bin/ without activating it, so say so
+export VIRTUAL_ENV := $(abspath $(VENV))
+# The instance: dagster.yaml in this folder, used in place (its state lands beside it: history/,
+# schedules/, storage/). `dg dev` runs in the project root and warns that a dagster.yaml there is
+# ignored unless DAGSTER_HOME is that root. Another DAGSTER_HOME (e.g. one holding
+# dagster.postgres.yaml, docs/scaleout.md) is used as it is.
+export DAGSTER_HOME ?= $(CURDIR)
+INSTANCE_STATE := history schedules storage .nux .logs_queue .telemetry
 # deepspeed JIT-compiles a small C++ op on first CPU use; keep the build cache in the repo
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DIFFSYNTH_SKIP_DOWNLOAD := True
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run sft dev play services test test-gpu lint validate clean
+.PHONY: setup instance run sft dev play services test test-gpu lint validate clean
 
 # Fresh venv with pinned torch (constraints.txt) so diffsynth's torchvision cannot pull a CUDA torch.
 setup:
@@ -18,7 +26,6 @@ setup:
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e '.[dev,scaleout]'
-	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
 
 # Materialize the whole graph on the embedded default (tiny preset, CPU): the unpartitioned chain up
@@ -27,8 +34,7 @@ setup:
 # export → eval. Prints the teacher's validation figures (cond vs uncond at t=500 / 800) and the
 # eval table across the chain.
 CHAIN := cache_snapshot,sft,sft_teacher,stage1_tf,stage2_cd,stage3_dmd,deploy_export,eval
-run:
-	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
+run: instance
 	$(DG) launch --job full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(DG) launch --assets $(CHAIN) --partition $$snap && \
@@ -37,14 +43,13 @@ run:
 
 # SFT teacher + pick on the newest snapshot only (tiny preset: 400 steps on 2 CPU ranks), then its
 # validation figures (cond vs uncond).
-sft:
+sft: instance
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(DG) launch --assets sft,sft_teacher --partition $$snap && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
 # The UI (webserver + daemon) on http://127.0.0.1:3000
-dev:
-	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
+dev: instance
 	$(DG) dev -h 127.0.0.1 -p 3000
 
 # The live page on http://127.0.0.1:8765: the newest causal export `make run` (and the stages after
@@ -52,8 +57,14 @@ dev:
 play:
 	$(PY) -m gc25d_core.deploy serve --preset tiny
 
-validate:
+validate: instance
 	$(DG) check defs
+
+# Without a dagster.yaml in DAGSTER_HOME Dagster falls back to its defaults (no run queue, no gpu
+# pool, no retries) with only a warning; stop instead.
+instance:
+	@test -f "$(DAGSTER_HOME)/dagster.yaml" || \
+	  { echo "DAGSTER_HOME=$(DAGSTER_HOME) holds no dagster.yaml (unset it for this folder's)" >&2; exit 1; }
 
 # Real local services for the scale-out tests (Slurm, PostgreSQL); as root, idempotent.
 services:
@@ -70,5 +81,6 @@ lint:
 	$(VENV)/bin/ruff format --check gc25d_core gc25d_pipeline tests bench
 	$(VENV)/bin/mypy
 
+# the tiny preset's data and runs and the instance's state (runs, event logs, ticks), not its dagster.yaml
 clean:
-	rm -rf data/tiny outputs/tiny $(DAGSTER_HOME)
+	rm -rf data/tiny outputs/tiny $(addprefix $(DAGSTER_HOME)/,$(INSTANCE_STATE))

@@ -89,7 +89,9 @@ class Progress:
             resumed = f"resumed at {self.start}, " if self.start else ""
             self.reporter.log(
                 f"{self.unit} {s['done']:.0f}/{self.total} ({resumed}{s['per_s']:.2f} {self.unit}/s, ETA {eta})"
-                + (f" {self.label}" if self.label else "")
+                + (f" {self.label}" if self.label else ""),
+                # rank 0 reports the job's progress; the other ranks' lines would repeat it
+                level="info" if self.reporter.rank == 0 else "debug",
             )
 
 
@@ -157,7 +159,7 @@ class StdoutReporter:
     def log(self, message: str, level: str = "info") -> None:
         if self.rank == 0:
             self._emit({"event": "log", "level": level, "message": message})
-        else:
+        elif level != "debug":  # stderr is the terminal (or the torchrun log): no debug lines there
             print(f"[rank {self.rank}] {level}: {message}", file=sys.stderr, flush=True)
 
     def metrics(self, step: int | None = None, **values: float) -> None:
@@ -217,8 +219,10 @@ class PipesReporter:
         log_to(self.pipes.log, message, level)
 
     def metrics(self, step: int | None = None, **values: float) -> None:
+        # at debug: one line per logged step is the run's event log and the run folder's
+        # metrics.jsonl / TensorBoard, not the terminal (the console shows info and up)
         payload = {"step": step, **{k: _pipes_metadata_value(v) for k, v in values.items()}}
-        self.pipes.log.info(json.dumps(payload, default=_json_default))
+        self.pipes.log.debug(json.dumps(payload, default=_json_default))
 
     def materialize(self, metadata: dict[str, Any], data_version: str | None = None) -> None:
         self.pipes.report_asset_materialization(metadata=pipes_metadata(metadata), data_version=data_version)

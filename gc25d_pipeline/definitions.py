@@ -1,14 +1,19 @@
 """The gc25d code location: everything under gc25d_pipeline/defs, merged."""
 
 import warnings
+from pathlib import Path
 
 import dagster as dg
-from dagster.components import load_defs
 
-import gc25d_pipeline.defs
+# Dagster's own Pipes code reads its preview property PipesMessageReader.expected_writer_count in
+# every session (dagster/_core/pipes/context.py), so every launch of a job would print this warning
+# about code that is not ours. Only that warning, from that module, is ignored.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Function `PipesMessageReader\.expected_writer_count` is currently in preview",
+    category=dg.PreviewWarning,
+    module=r"dagster\._core\.pipes\.context",
+)
 
-# Every Pipes session warns about the preview expected_writer_count API; it is noise for us.
-warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-warnings.filterwarnings("ignore", category=dg.BetaWarning)
-
-defs = load_defs(gc25d_pipeline.defs)
+# the defs module named by pyproject.toml's [tool.dg.project] (gc25d_pipeline.defs), every module in it
+defs = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)

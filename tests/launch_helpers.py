@@ -63,7 +63,7 @@ def start_cluster_check_cli(
     home = tmp_path / "home"
     home.mkdir()
     (tmp_path / "data").mkdir(exist_ok=True)  # a data root the user names must exist
-    (home / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),

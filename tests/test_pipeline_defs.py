@@ -33,7 +33,7 @@ def test_definitions_load_and_graph():
 
 def test_dagster_cli_validates_the_workspace(tmp_path):
     env = {"DAGSTER_HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
+    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=ROOT,

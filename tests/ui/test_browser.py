@@ -96,7 +96,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("ui")
     home = root / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
     (root / "data").mkdir()  # a data root the user names must exist (config.check_given_roots)
     overrides = [
         f"paths.data_root={root / 'data'}",
