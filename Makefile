@@ -26,7 +26,7 @@ setup:
 # in a deployment: deep verification → SFT teacher → §10 pick → stage 1 → stage 2 → stage 3 → deploy
 # export → eval. Prints the teacher's validation figures (cond vs uncond at t=500 / 800) and the
 # eval table across the chain.
-CHAIN := cache_snapshot,sft,sft_teacher,stage1_tf,stage2_cd,stage3_dmd,deploy_export,eval
+CHAIN := key:cache_snapshot+
 run:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(DG) launch --job full_chain

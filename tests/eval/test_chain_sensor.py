@@ -73,6 +73,12 @@ def test_the_chain_job_and_its_sensor_are_in_the_code_location():
     from gc25d_pipeline.definitions import defs
 
     chain = defs.resolve_job_def(CHAIN_JOB)
-    assert {n.name for n in chain.graph.node_defs} == {"stage1_tf", "stage2_cd", "stage3_dmd", "eval"}
+    assert {n.name for n in chain.graph.node_defs} == {
+        "stage1_tf",
+        "stage2_cd",
+        "stage3_dmd",
+        "deploy_export",
+        "eval",
+    }
     assert {n.name for n in defs.resolve_job_def("sft_job").graph.node_defs} == {"sft", "sft_teacher"}
     assert defs.resolve_sensor_def("teacher_pick_sensor").job_name == CHAIN_JOB
