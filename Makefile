@@ -42,10 +42,11 @@ sft:
 	$(DG) launch --assets sft,sft_teacher --partition $$snap && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
-# The UI (webserver + daemon) on http://127.0.0.1:3000
+# The UI (webserver + daemon) on http://127.0.0.1:3000 (DEV_PORT=...). Ctrl-C / SIGTERM, also in the
+# background, stops its runs (CANCELED: not retried) and every process under it (gc25d_pipeline/lib/dev.py).
 dev:
 	mkdir -p $(DAGSTER_HOME) && cp dagster.sqlite.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(DG) dev -h 127.0.0.1 -p 3000
+	$(PY) -m gc25d_pipeline.lib.dev -- $(DG) dev -h 127.0.0.1 -p $(or $(DEV_PORT),3000)
 
 # The live page on http://127.0.0.1:8765: the newest causal export `make run` (and the stages after
 # it) left under outputs/tiny (deploy_export, stage 3 / 2 EMA, stage 1), keys in, frames out.

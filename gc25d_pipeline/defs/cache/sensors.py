@@ -34,7 +34,7 @@ def cache_snapshot_sensor(context: dg.SensorEvaluationContext, project: Gc25dPro
     if not new:
         return dg.SkipReason(f"no snapshot newer than v{seen:06d}")
     keys = [snapshot_id(v) for v in new]
-    known = set(context.instance.get_dynamic_partitions(cache_snapshots.name))
+    known = set(cache_snapshots.get_partition_keys(dynamic_partitions_store=context.instance))
     verified = context.instance.get_materialized_partitions(cache_snapshot.key)
     if done := [k for k in keys if k in verified]:
         context.log.info(f"verified already, not run again: {', '.join(done)}")
