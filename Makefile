@@ -33,8 +33,9 @@ setup:
 # in a deployment: deep verification → SFT teacher → §10 pick → stage 1 → stage 2 → stage 3 → deploy
 # export → eval. Prints the teacher's validation figures (cond vs uncond at t=500 / 800) and the
 # eval table across the chain.
-CHAIN := cache_snapshot,sft,sft_teacher,stage1_tf,stage2_cd,stage3_dmd,deploy_export,eval
+CHAIN := key:cache_snapshot+
 run: instance
+	$(PY) -m gc25d_pipeline.cli check-config
 	$(DG) launch --job full_chain
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(DG) launch --assets $(CHAIN) --partition $$snap && \
@@ -44,13 +45,16 @@ run: instance
 # SFT teacher + pick on the newest snapshot only (tiny preset: 400 steps on 2 CPU ranks), then its
 # validation figures (cond vs uncond).
 sft: instance
+	$(PY) -m gc25d_pipeline.cli check-config
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(DG) launch --assets sft,sft_teacher --partition $$snap && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
-# The UI (webserver + daemon) on http://127.0.0.1:3000
+# The UI (webserver + daemon) on http://127.0.0.1:3000 (DEV_PORT=...). Ctrl-C / SIGTERM, also in the
+# background, stops its runs (CANCELED: not retried) and every process under it (gc25d_pipeline/lib/dev.py).
 dev: instance
-	$(DG) dev -h 127.0.0.1 -p 3000
+	$(PY) -m gc25d_pipeline.cli check-config
+	$(PY) -m gc25d_pipeline.lib.dev -- $(DG) dev -h 127.0.0.1 -p $(or $(DEV_PORT),3000)
 
 # The live page on http://127.0.0.1:8765: the newest causal export `make run` (and the stages after
 # it) left under outputs/tiny (deploy_export, stage 3 / 2 EMA, stage 1), keys in, frames out.

@@ -16,7 +16,10 @@ def _pick(instance: dg.DagsterInstance, partition: str, version: str) -> None:
 
 
 def _tick(instance: dg.DagsterInstance, cursor: str | None) -> tuple[list[dg.RunRequest], str]:
-    result = teacher_pick_sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
+    from gc25d_pipeline.definitions import defs
+
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, repository_def=defs.get_repository_def())
+    result = teacher_pick_sensor(ctx)
     assert isinstance(result, dg.SensorResult)
     assert result.cursor is not None
     return list(result.run_requests or []), result.cursor
@@ -60,7 +63,7 @@ def test_a_pick_waits_while_its_partition_has_a_chain_running():
         _pick(instance, "v000002", "step-10-cccc")  # another partition is not held up
         requests, cursor = _tick(instance, None)
         assert [r.run_key for r in requests] == ["v000002:step-10-cccc"]
-        assert json.loads(cursor)["pending"] == {"v000001": "step-12-bbbb"}
+        assert json.loads(cursor)["pending"]["v000001"][0] == "step-12-bbbb"
         assert _tick(instance, cursor)[0] == []  # still running
 
         instance.report_run_failed(running)  # the chain ended (any way): the newest pick starts
@@ -73,6 +76,12 @@ def test_the_chain_job_and_its_sensor_are_in_the_code_location():
     from gc25d_pipeline.definitions import defs
 
     chain = defs.resolve_job_def(CHAIN_JOB)
-    assert {n.name for n in chain.graph.node_defs} == {"stage1_tf", "stage2_cd", "stage3_dmd", "eval"}
+    assert {n.name for n in chain.graph.node_defs} == {
+        "stage1_tf",
+        "stage2_cd",
+        "stage3_dmd",
+        "deploy_export",
+        "eval",
+    }
     assert {n.name for n in defs.resolve_job_def("sft_job").graph.node_defs} == {"sft", "sft_teacher"}
     assert defs.resolve_sensor_def("teacher_pick_sensor").job_name == CHAIN_JOB

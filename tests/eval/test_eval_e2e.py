@@ -181,5 +181,7 @@ def test_eval_asset_evaluates_what_exists(world, tmp_path):
     md = mat.metadata
     assert md["exports"].value == ["sft", "stage1_tf"]
     assert any("stage2_cd" in s for s in md["not_evaluated"].value)
-    assert "| stage1_tf |" in md["table"].value and "plot clip28_latent_mse.png" in md
+    assert list(md)[:2] == ["table", "plot"]
+    assert [r.data["export"] for r in md["table"].records] == ["sft", "stage1_tf"]
+    assert md["plot"].value.startswith("**clip28 latent mse per cell**")
     assert (runs / "eval" / "v000001" / "stage1_tf" / "metrics.json").is_file()

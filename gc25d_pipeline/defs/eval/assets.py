@@ -5,7 +5,6 @@ and chain241 sweeps (gc25d_core.eval), with the plots and the comparison table i
 hand-off with an EMA export adds ``<label>_ema``; the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
 """
 
-from pathlib import Path
 from typing import NamedTuple
 
 import dagster as dg
@@ -17,7 +16,7 @@ from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.deploy.assets import deploy_export
 from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
-from gc25d_pipeline.lib.clip_jobs import png_markdown
+from gc25d_pipeline.lib.previews import eval_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.snapshots import published_snapshot
 from gc25d_pipeline.lib.stage_assets import run_folder_of
@@ -95,7 +94,8 @@ def _without_deployed_copies(
     pool="gpu",
     tags={"gpu": "true"},
     description="SPEC §10 eval sweep (clip28, chain241) of every export of the chain that exists for this "
-    "snapshot: per-export JSON, report.md with plots and the comparison table in the run folder.",
+    "snapshot. Its metadata starts with the comparison table and the drift plot, then what was measured "
+    "and the whole report (every plot inline); the run folder holds report.md, the plots and per-export JSON.",
 )
 def eval_asset(
     context: dg.AssetExecutionContext, config: EvalRunConfig, project: Gc25dProject
@@ -142,14 +142,29 @@ def eval_asset(
     run_dir = project.run_dir(cfg, "eval", context)
     files = write_reports(run_dir, results, ecfg.psnr_cap_db)
     context.log.info("eval table\n" + files.table)
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "table": dg.MetadataValue.md(files.table),
-        "report": dg.MetadataValue.path(str(run_dir / "report.md")),
-        "exports": [e.label for e in exports],
-        "not_evaluated": skipped,
+    measured = measured_markdown(version, ecfg, {sweep: len(c) for sweep, c in cases.items()}, exports)
+    return dg.MaterializeResult(
+        metadata=eval_metadata(files, results, measured, [e.label for e in exports], skipped)
+    )
+
+
+def measured_markdown(
+    version: int, ecfg: EvalConfig, num_cases: dict[str, int], exports: list[EvalExport]
+) -> str:
+    """What the table measures, in a few lines (the asset page shows it inline; report has the rest)."""
+    sweeps = {
+        "clip28": "28 cells from a val clip's cell 0, its own ids and prompts; ground truth cells 0–20",
+        "chain241": "61 cells (241 frames) along a val run; ground truth where its clips have latents",
     }
-    for name, png in files.plots.items():
-        metadata[f"plot {name}"] = png_markdown(png, name)
-    for label, path in files.json_files.items():
-        metadata[f"json {label}"] = dg.MetadataValue.path(str(Path(path)))
-    return dg.MaterializeResult(metadata=metadata)
+    lines = [f"**snapshot v{version:06d}**, the same noise for every export (seed {ecfg.seed})"]
+    lines += [f"- **{s}**: {n} cases — {sweeps.get(s, '')}" for s, n in num_cases.items()]
+    lines.append(
+        "- exports: "
+        + ", ".join(f"{e.label} (step {e.step})" for e in exports)
+        + f"; the teacher samples with {ecfg.teacher_steps} Euler steps"
+    )
+    lines.append(
+        "- latent MSE against the ground-truth latents; "
+        + ("PSNR / ΔtPSNR / flicker on decoded frames" if ecfg.decode else "no pixel metrics (decode off)")
+    )
+    return "\n".join(lines)
