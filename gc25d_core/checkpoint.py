@@ -23,12 +23,11 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gc25d_core.atomic import TMP_PREFIX, atomic_write_text
+from gc25d_core.atomic import TMP_PREFIX, atomic_write_text, make_tmp_dir
 from gc25d_core.hashing import sha256_file
 
 _STEP = re.compile(r"^step-(\d{6,})$")
@@ -72,7 +71,7 @@ class CheckpointDir:
         """``write(tmp_dir)`` fills a temp folder that then becomes ``step-N`` atomically."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(step)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=self.root))
+        tmp = make_tmp_dir(self.root, final.name)
         try:
             write(tmp)
             return self.commit(tmp, step)
