@@ -174,13 +174,14 @@ class StageRun:
         self._write_engine_configs()
         if point.folder is not None:
             self.state.load(point, self.state_parts())
-            if self.rank == 0:
-                for log in (self.metrics, self.val_log):
-                    log.truncate_after(point.step)
             self.rep.log(f"resumed from {point.folder} (step {point.step})")
         start_step = point.step
-        # events past the resumed state were written by an attempt whose steps are redone (a start at
-        # step 0 redoes the step-0 validation too)
+        # records and events past the resumed state were written by an attempt whose steps are redone
+        # (a start at step 0, also after an attempt killed before its first slot, redoes the step-0
+        # validation too)
+        if self.rank == 0:
+            for log in (self.metrics, self.val_log):
+                log.truncate_after(start_step if point.folder is not None else -1)
         purge = start_step + 1 if start_step else 0
         curves = TensorBoardLog(self.run_dir / TENSORBOARD_DIR, self.rank == 0, purge_step=purge)
         try:
