@@ -170,6 +170,13 @@ class StageRun:
             )
         self._prepare_run_dir()
         point = self._resume()
+        if self.rank == 0:
+            for slot in point.damaged:
+                self.rep.log(
+                    f"state slot {slot.folder} is damaged and was not resumed from ({slot.reason}); kept "
+                    f"as {slot.set_aside_as} for inspection; resuming from {point.folder} instead",
+                    level="warning",
+                )
         self.build(point)
         self._write_engine_configs()
         if point.folder is not None:
