@@ -8,13 +8,15 @@ rest the same way for every stage::
     <run_dir>/deepspeed.json, accelerate.yaml   the engine's generated configs (relaunch by hand)
     <run_dir>/exports/step-001000*.safetensors  exports (export_every, and the last step)
     <run_dir>/state/step-000500/        rotating full state (train.state), exactly state_slots kept
+    <run_dir>/state/damaged-step-000600/  a slot that failed its check at resume, kept for inspection
     <run_dir>/metrics.jsonl  val.jsonl  train / validation records (rank 0)
     <run_dir>/tensorboard/              the same records as TensorBoard scalars (rank 0)
     <run_dir>/done.json                 written when max_steps is reached
     <run_dir>/final.json                the hand-off to the next stage (train.handoff)
+    <run_dir>/.lock                     held by the job running in the folder (gc25d_core.run_lock)
 
-Resume is the default: the newest complete state restores every part and the logs past its step are
-dropped; ``fresh`` deletes state, exports and logs first. A fault hook (``GC25D_FAULT``) can kill a
+Resume is the default: the newest state slot that verifies restores every part and the logs past its
+step are dropped; ``fresh`` deletes state, exports and logs first. A fault hook (``GC25D_FAULT``) can kill a
 rank at a chosen step, which the resume tests use.
 """
 
