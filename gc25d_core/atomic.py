@@ -5,6 +5,11 @@ rename itself is durable (the folder is fsynced). Temporary names start with ``.
 and resume scans can ignore them, and carry the writer's host and pid
 (``.tmp-<label>~<host>~<pid>~<random>``) so that ``sweep_stale_tmp`` can remove the leftovers of a
 killed writer without ever touching a live writer's file.
+
+Published files get the mode a plain ``open()`` would give them (``0o666`` less the process umask,
+0644 under the usual 022) and temp folders ``0o777`` less the umask: ``mkstemp`` / ``mkdtemp``
+create theirs owner-only, and a rename keeps the mode, so without the chmod every manifest, shard,
+export and hand-off would be unreadable to a web server or a teammate running as another user.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,20 +38,63 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "unknown-host"
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the kernel reports it.
+
+    The umask is process-global and ``os.umask`` can only read it by setting it: a round trip lets
+    a file another thread creates in between get the temporary value. Linux (4.7+) reports it in
+    ``/proc/self/status``, which reads it without touching it, so it is read there on every call (a
+    later ``os.umask`` by the application is honoured; the read costs far less than the fsync
+    beside it). Elsewhere the round trip runs under a lock with the most restrictive temporary
+    value, so a file created concurrently can only come out more private, never more public."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o777)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file under the current umask."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """The mode ``os.mkdir`` gives a new folder under the current umask."""
+    return 0o777 & ~current_umask()
+
+
 def tmp_prefix(label: str) -> str:
     """The name prefix of this process's temp files for ``label`` (mkstemp appends the random part)."""
     return f"{TMP_PREFIX}{label}{TAG_SEP}{_host()}{TAG_SEP}{os.getpid()}{TAG_SEP}"
 
 
 def make_tmp_file(folder: Path | str | None, label: str) -> Path:
-    """Create an empty temp file in ``folder`` (None: the system temp folder), tagged with this writer."""
+    """Create an empty temp file in ``folder`` (None: the system temp folder), tagged with this
+    writer, with the mode of a plain ``open()`` (it is renamed or linked into place as it is)."""
     fd, name = tempfile.mkstemp(prefix=tmp_prefix(label), dir=folder)
-    os.close(fd)
+    try:
+        os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
     return Path(name)
 
 
 def make_tmp_dir(folder: Path | str, label: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=tmp_prefix(label), dir=folder))
+    """Create an empty temp folder in ``folder``, tagged with this writer, with the mode of a plain
+    ``os.mkdir`` (it is renamed into place as it is)."""
+    path = Path(tempfile.mkdtemp(prefix=tmp_prefix(label), dir=folder))
+    os.chmod(path, dir_mode())
+    return path
 
 
 def fsync_dir(folder: Path | str) -> None:
@@ -65,6 +114,9 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     tmp_path = make_tmp_file(path.parent, path.name)
     try:
         yield tmp_path
+        # again after the write: a library may replace the temp file with its own owner-only one
+        # (safetensors' save_file does)
+        os.chmod(tmp_path, file_mode())
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

@@ -2,7 +2,9 @@
 verified torch state files inside them.
 
 Resume is the default path: ``latest()`` is the newest complete step folder (a folder is complete
-once renamed into place; temp folders start with ``.tmp-``). ``keep`` rotates old ones away.
+once renamed into place; temp folders start with ``.tmp-``). ``keep`` rotates old ones away. A step
+folder found damaged is set aside as ``damaged-step-N`` (``set_aside``): out of the rotation, so
+saves never count it against the good ones, and kept for whoever wants to see what went wrong.
 
 State files are deserialised the way the training cache's samples are: the bytes are read once,
 their SHA256 must equal the one recorded at save (``sha256.json`` in the step folder), and only those
@@ -23,15 +25,15 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gc25d_core.atomic import TMP_PREFIX, atomic_write_text
+from gc25d_core.atomic import TMP_PREFIX, atomic_write_text, fsync_dir, make_tmp_dir
 from gc25d_core.hashing import sha256_file
 
 _STEP = re.compile(r"^step-(\d{6,})$")
+DAMAGED_PREFIX = "damaged-"
 DIGESTS = "sha256.json"
 _DIGEST_PART = re.compile(r"^sha256-rank(\d+)\.json$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -72,7 +74,7 @@ class CheckpointDir:
         """``write(tmp_dir)`` fills a temp folder that then becomes ``step-N`` atomically."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(step)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=self.root))
+        tmp = make_tmp_dir(self.root, final.name)
         try:
             write(tmp)
             return self.commit(tmp, step)
@@ -92,6 +94,23 @@ class CheckpointDir:
         os.replace(tmp, final)
         self._rotate()
         return final
+
+    def aside_name(self, step: int) -> Path:
+        """Where ``set_aside`` would put ``step-N`` now: ``damaged-step-N``, or ``-2``, ``-3``, ... when taken."""
+        base = self.root / f"{DAMAGED_PREFIX}{step_name(step)}"
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        return path
+
+    def set_aside(self, step: int, dest: Path) -> Path:
+        """Rename the damaged ``step-N`` to ``dest`` (an ``aside_name``): no longer a step, kept as it is."""
+        if dest.exists():  # a rename onto an empty folder would replace it
+            raise FileExistsError(f"{dest}: exists, not setting {self.path(step)} aside onto it")
+        os.rename(self.path(step), dest)
+        fsync_dir(self.root)
+        return dest
 
     def clean_tmp(self) -> None:
         """Remove temp folders of saves that were killed."""
@@ -227,6 +246,20 @@ def read_digests(folder: Path) -> dict[str, str]:
             f"{path}: missing; without the SHA256 record of its files this state folder is not loaded"
         )
     return _read_digest_file(path)
+
+
+def check_recorded(folder: Path, digests: Mapping[str, str], names: Sequence[str]) -> str | None:
+    """Why one of ``names`` in ``folder`` does not match its recorded SHA256 (missing, unreadable,
+    changed); None when all match. Reads every byte: the check a resume makes before it trusts a slot."""
+    for name in names:
+        path = folder / check_state_name(name, str(folder / DIGESTS))
+        try:
+            actual = sha256_file(path)
+        except OSError as e:
+            return f"{path}: unreadable state file ({e})"
+        if actual != digests[name]:
+            return f"{path}: SHA256 {actual} differs from the recorded {digests[name]}"
+    return None
 
 
 def recorded_digest(digests: Mapping[str, str], folder: Path, name: str) -> str:

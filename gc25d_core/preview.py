@@ -7,7 +7,6 @@ binary cannot run, an animated GIF (Pillow) is written instead. ``video_info`` d
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -122,7 +121,6 @@ def write_video(path: Path | str, frames_THWC: np.ndarray, fps: float = 16.0) ->
             for f in frames:
                 writer.send(np.ascontiguousarray(f))
             writer.close()
-            os.chmod(tmp, 0o644)  # a preview is for anyone who can read the run folder
         return path
     from PIL import Image
 

@@ -323,7 +323,7 @@ class LocalStore(Store):
         }
         cid = hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()
         line = (json.dumps({"commit": cid, **body}, sort_keys=True) + "\n").encode()
-        fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         try:
             size = os.fstat(fd).st_size
             if size != self._log_pos:  # drop a torn tail left by a crashed commit

@@ -1,7 +1,9 @@
 """Shared scaffolding of job entry points: argument parsing, process group, reporter, fault hooks.
 
 A rank binds itself to its torchrun before anything else: if torchrun is killed, the kernel kills
-the rank too (gc25d_core.lifeline), rather than leave it running orphaned beside the retry.
+the rank too (gc25d_core.lifeline), rather than leave it running orphaned beside the retry. A job
+then holds its run folder for its whole life (gc25d_core.run_lock): a second job launched into the
+same folder fails on every rank before it touches anything.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gc25d_core.config import Gc25dConfig, config_from_yaml
 from gc25d_core.distributed import process_group
 from gc25d_core.lifeline import die_with_parent, register
 from gc25d_core.report import Reporter, open_reporter
+from gc25d_core.run_lock import hold_run_folder
 
 JobMain = Callable[[argparse.Namespace, Gc25dConfig, Reporter], None]
 
@@ -60,7 +63,8 @@ def _name_the_deepspeed_accelerator() -> None:
 
 
 def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | None = None) -> None:
-    """Bind to the launcher, parse, init distributed, open the reporter (Pipes on rank 0), run ``main``."""
+    """Bind to the launcher, parse, init distributed, lock the run folder, open the reporter (Pipes
+    on rank 0), run ``main``."""
     die_with_parent()
     register("rank")
 
@@ -69,7 +73,13 @@ def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | No
         _name_the_deepspeed_accelerator()
         args = parser.parse_args(argv)
         cfg = config_from_yaml(args.config)
-        with process_group(cfg.distributed.backend), open_reporter() as reporter:
+        # the lock is collective (rank 0 takes it, every rank learns the outcome) and comes before
+        # the reporter: a job that lost must not touch the folder at all
+        with (
+            process_group(cfg.distributed.backend),
+            hold_run_folder(args.run_dir),
+            open_reporter() as reporter,
+        ):
             main(args, cfg, reporter)
 
     _entry()

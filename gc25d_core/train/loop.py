@@ -8,13 +8,15 @@ rest the same way for every stage::
     <run_dir>/deepspeed.json, accelerate.yaml   the engine's generated configs (relaunch by hand)
     <run_dir>/exports/step-001000*.safetensors  exports (export_every, and the last step)
     <run_dir>/state/step-000500/        rotating full state (train.state), exactly state_slots kept
+    <run_dir>/state/damaged-step-000600/  a slot that failed its check at resume, kept for inspection
     <run_dir>/metrics.jsonl  val.jsonl  train / validation records (rank 0)
     <run_dir>/tensorboard/              the same records as TensorBoard scalars (rank 0)
     <run_dir>/done.json                 written when max_steps is reached
     <run_dir>/final.json                the hand-off to the next stage (train.handoff)
+    <run_dir>/.lock                     held by the job running in the folder (gc25d_core.run_lock)
 
-Resume is the default: the newest complete state restores every part and the logs past its step are
-dropped; ``fresh`` deletes state, exports and logs first. A fault hook (``GC25D_FAULT``) can kill a
+Resume is the default: the newest state slot that verifies restores every part and the logs past its
+step are dropped; ``fresh`` deletes state, exports and logs first. A fault hook (``GC25D_FAULT``) can kill a
 rank at a chosen step, which the resume tests use.
 """
 
@@ -170,17 +172,25 @@ class StageRun:
             )
         self._prepare_run_dir()
         point = self._resume()
+        if self.rank == 0:
+            for slot in point.damaged:
+                self.rep.log(
+                    f"state slot {slot.folder} is damaged and was not resumed from ({slot.reason}); kept "
+                    f"as {slot.set_aside_as} for inspection; resuming from {point.folder} instead",
+                    level="warning",
+                )
         self.build(point)
         self._write_engine_configs()
         if point.folder is not None:
             self.state.load(point, self.state_parts())
-            if self.rank == 0:
-                for log in (self.metrics, self.val_log):
-                    log.truncate_after(point.step)
             self.rep.log(f"resumed from {point.folder} (step {point.step})")
         start_step = point.step
-        # events past the resumed state were written by an attempt whose steps are redone (a start at
-        # step 0 redoes the step-0 validation too)
+        # records and events past the resumed state were written by an attempt whose steps are redone
+        # (a start at step 0, also after an attempt killed before its first slot, redoes the step-0
+        # validation too)
+        if self.rank == 0:
+            for log in (self.metrics, self.val_log):
+                log.truncate_after(start_step if point.folder is not None else -1)
         purge = start_step + 1 if start_step else 0
         curves = TensorBoardLog(self.run_dir / TENSORBOARD_DIR, self.rank == 0, purge_step=purge)
         try:

@@ -5,9 +5,17 @@ cursor (``data.json``, gathered from every rank), ``trainer.json`` (step, engine
 size, snapshot) and ``sha256.json``, the SHA256 of every tensor file in it. It is filled in a shared
 temp folder and renamed into place by rank 0 once every rank has written, so a kill at any moment
 leaves the previous slot complete; exactly ``slots`` are kept. Resume is the default: the newest
-complete slot restores every part. Parts write and read through ``SlotWriter`` / ``SlotReader``,
+slot that verifies restores every part. Parts write and read through ``SlotWriter`` / ``SlotReader``,
 so every file is recorded at save and, at load, deserialised only after its hash matched and only by
 ``torch.load(weights_only=True)`` (gc25d_core.checkpoint).
+
+Before a slot is trusted every file its record lists is hashed (the ranks share the files) and its
+JSON read back. A slot that fails (a disk error, a truncated copy, a changed byte) is set aside as
+``state/damaged-step-N`` and the next newest is tried: the run resumes from the newest slot that
+verifies, says which one it skipped and why, and the rotation no longer counts the damaged one, so
+the next saves cannot rotate the good slot away before a newer good one exists. When none verifies
+the resume stops, naming every slot and what is wrong with it. The check costs one extra read of the
+newest slot per resume (spread over the ranks); the loads still hash what they deserialise.
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ import torch
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.checkpoint import (
     CheckpointDir,
+    StateFileError,
+    check_recorded,
     load_torch,
     read_digests,
     recorded_digest,
     save_torch,
     seal_digests,
+    step_name,
     write_digest_part,
 )
-from gc25d_core.distributed import barrier, global_rank
+from gc25d_core.distributed import barrier, dist_active, global_rank, world_size
 
 # what must match between a slot and the config that resumes it; sharded engines add the world size
 RESUME_KEYS = ("stage", "init", "engine", "micro_batch", "grad_accum")
@@ -103,11 +114,21 @@ class RngState:
 
 
 @dataclass(frozen=True)
+class DamagedSlot:
+    """A slot that did not verify, and where it was set aside for inspection."""
+
+    folder: Path
+    reason: str
+    set_aside_as: Path
+
+
+@dataclass(frozen=True)
 class ResumePoint:
     step: int
     folder: Path | None
     meta: dict[str, Any]
     data: dict[str, Any] | None  # the consumer cursor (opened before the parts are built)
+    damaged: tuple[DamagedSlot, ...] = ()  # newer slots skipped because they did not verify
 
 
 class RunState:
@@ -122,12 +143,27 @@ class RunState:
         return self.slots.steps()
 
     def resume_point(self, expected: dict[str, Any], *, fresh: bool) -> ResumePoint:
-        """The newest slot, checked against ``expected`` (RESUME_KEYS, and world_size for sharded
-        engines); step 0 when there is none or ``fresh``."""
-        latest = None if fresh else self.slots.latest()
-        if latest is None:
+        """Collective: the newest slot that verifies, checked against ``expected`` (RESUME_KEYS, and
+        world_size for sharded engines); step 0 when there is none or ``fresh``. Newer slots that do
+        not verify are set aside (``ResumePoint.damaged``); StateFileError when none verifies."""
+        steps = [] if fresh else self.slots.steps()
+        damaged: list[tuple[int, str]] = []
+        good: int | None = None
+        for step in reversed(steps):
+            problem = verify_slot(self.slots.path(step), step)
+            if problem is None:
+                good = step
+                break
+            damaged.append((step, problem))
+        if good is None:
+            if damaged:
+                listed = "; ".join(f"{step_name(step)}: {problem}" for step, problem in damaged)
+                raise StateFileError(
+                    f"{self.slots.root}: no state slot verifies, not resuming ({listed}); start over "
+                    "with fresh, or put back a good copy of a slot"
+                )
             return ResumePoint(0, None, {}, None)
-        folder = self.slots.path(latest)
+        folder = self.slots.path(good)
         meta = _read_json(folder / "trainer.json")
         keys = RESUME_KEYS + (("world_size",) if expected.get("engine") in SHARDED_ENGINES else ())
         for key in keys:
@@ -137,7 +173,21 @@ class RunState:
                     f"{expected.get(key)!r} (sharded state resumes on the same world size; "
                     "start over with fresh)"
                 )
-        return ResumePoint(int(meta["step"]), folder, meta, _read_json(folder / "data.json"))
+        return ResumePoint(
+            int(meta["step"]), folder, meta, _read_json(folder / "data.json"), self._set_aside(damaged)
+        )
+
+    def _set_aside(self, damaged: list[tuple[int, str]]) -> tuple[DamagedSlot, ...]:
+        """Collective: rank 0 renames the damaged slots out of the rotation; every rank learns where."""
+        if not damaged:
+            return ()
+        out = tuple(DamagedSlot(self.slots.path(s), why, self.slots.aside_name(s)) for s, why in damaged)
+        barrier()  # every rank named the destinations before any rename changes the folder
+        if global_rank() == 0:
+            for (step, _), slot in zip(damaged, out, strict=True):
+                self.slots.set_aside(step, slot.set_aside_as)
+        barrier()
+        return out
 
     def save(self, step: int, parts: dict[str, Stateful], meta: dict[str, Any], data: dict[str, Any]) -> Path:
         """Collective: every rank writes its parts into one temp folder, rank 0 adds the cursor and
@@ -167,6 +217,36 @@ class RunState:
         reader = SlotReader(point.folder)  # refuses a slot without its SHA256 record
         for part in parts.values():
             part.load(reader)
+
+
+def verify_slot(folder: Path, step: int) -> str | None:
+    """Collective: why the slot ``folder`` cannot be resumed, None when it verifies: its JSON files
+    read back (``trainer.json`` names ``step``), and every file its SHA256 record lists is there
+    with that hash. The ranks hash a share of the files each and agree on the first problem."""
+    rank, world = (global_rank(), world_size()) if dist_active() else (0, 1)
+    problem: str | None
+    try:
+        meta = _read_json(folder / "trainer.json")
+        if meta.get("step") != step:
+            raise StateFileError(f"{folder / 'trainer.json'}: records step {meta.get('step')!r}, not {step}")
+        _read_json(folder / "data.json")
+        digests = read_digests(folder)
+    except (RuntimeError, StateFileError) as e:
+        problem = str(e)
+    else:
+        problem = check_recorded(folder, digests, sorted(digests)[rank::world])
+    return next((p for p in _gather(problem) if p is not None), None)
+
+
+def _gather(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (a collective when a process group of several runs)."""
+    if not dist_active():
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:
