@@ -2,10 +2,10 @@
 of lease modes. Each suite is a few bench/ commands back to back under the device's 10-minute limit;
 JSON lines and logs go under $OUT (default /tmp/gc25d_bench/<suite>).
 
-    python bench/suites.py --list                 the table
-    python bench/suites.py sft                    one suite (run from the repository root)
-    python bench/suites.py sft2 VARIANTS          a suite's positional arguments ($1, $2, ...)
-    python bench/suites.py sft --dry-run          the bash script it would run
+    python -m bench.suites --list                 the table
+    python -m bench.suites sft                    one suite (run from the repository root)
+    python -m bench.suites sft2 VARIANTS          a suite's positional arguments ($1, $2, ...)
+    python -m bench.suites sft --dry-run          the bash script it would run
 
 The GPU suites expect the wheels the device lacks in .whl/ (carry [".whl"]); they install them into
 /tmp/site first. FA4 suites need the three fa4-stage calls of bench/fa4_wheels.sh first. Results,
@@ -90,15 +90,15 @@ full_world() {  # the full-size code world on the CPU, in the background; wait_w
   (python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > "$OUT/gen.log" 2>&1; touch /tmp/gen.done) &
 }
 wait_world() { while [ ! -f /tmp/gen.done ]; do sleep 2; done; }
-sft_bench() {  # $1 seconds, then bench/sft.py arguments; JSON lines to $OUT/$NAME.jsonl
+sft_bench() {  # $1 seconds, then bench/speed/sft.py arguments; JSON lines to $OUT/$NAME.jsonl
   local limit=$1; shift
-  timeout "$limit" python3 bench/sft.py --root /tmp/sftb --nproc 2 --steps 16 --warm 4 --clips-per-run 6 "$@" \
+  timeout "$limit" python3 -m bench.speed.sft --root /tmp/sftb --nproc 2 --steps 16 --warm 4 --clips-per-run 6 "$@" \
     2>&1 | grep '^{' | cut -c1-2000 > "$OUT/$NAME.jsonl"
   cut -c1-900 "$OUT/$NAME.jsonl"
 }
 cache_and_gpu_tests() {  # the cache consumer on 16 pinned cores (4 MB, 25 MB samples), the GPU tests
-  timeout 200 python3 bench/cache.py --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
-  timeout 260 python3 bench/cache.py --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
+  timeout 200 python3 -m bench.speed.cache --reps 5 --cpus 0-15 --workdir /dev/shm 2>&1 | grep -v '^\[20' > "$OUT/cache_4mb.json"
+  timeout 260 python3 -m bench.speed.cache --reps 7 --cpus 0-15 --workdir /dev/shm --shards 4 \
     --samples-per-shard 12 --sample-mb 25 2>&1 | grep -v '^\[20' > "$OUT/cache_25mb.json"
   timeout 240 python3 -m pytest -q -m "gpu and not fa4" tests/models/test_gpu_models.py -p no:cacheprovider \
     > "$OUT/pytest_gpu.log" 2>&1
@@ -106,14 +106,14 @@ cache_and_gpu_tests() {  # the cache consumer on 16 pinned cores (4 MB, 25 MB sa
   grep -h 'consumer_[a-z]*/hash_required_mem' "$OUT"/cache_*.json
 }
 accel_sft() {  # one GPU, ZeRO-2 via accelerate beside deepspeed.initialize: $1 variants $2 rounds $3 name $4 s
-  timeout "$4" python3 bench/sft.py --root /tmp/sftb1 --out "/tmp/$3" --nproc 1 --steps 14 --warm 4 \
+  timeout "$4" python3 -m bench.speed.sft --root /tmp/sftb1 --out "/tmp/$3" --nproc 1 --steps 14 --warm 4 \
     --clips-per-run 6 --variants "$1" --repeat "$2" --plain-steps 0 2>&1 | grep '^{' | cut -c1-2400 > "$OUT/$3.jsonl"
   tar czf "$OUT/$3_logs.tgz" -C "/tmp/$3" .
   cut -c1-700 "$OUT/$3.jsonl"
 }
-stages() {  # $1 name, $2 seconds, then bench/stages.py arguments (world and exports in /tmp/stb)
+stages() {  # $1 name, $2 seconds, then bench/speed/stages.py arguments (world and exports in /tmp/stb)
   local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 bench/stages.py --root /tmp/stb --out "/tmp/stlogs_$name" "$@" 2>&1 \
+  timeout "$limit" python3 -m bench.speed.stages --root /tmp/stb --out "/tmp/stlogs_$name" "$@" 2>&1 \
     | tee "$OUT/$name.log" | grep '^{' > "$OUT/$name.jsonl"
   tar czf "$OUT/${name}_logs.tgz" -C "/tmp/stlogs_$name" . 2>/dev/null
   grep -v '"probe": "summary"' "$OUT/$name.jsonl" | cut -c1-1800
@@ -129,7 +129,7 @@ SUITES: dict[str, Suite] = {
     "deploy": Suite(
         "nvidia-h200",
         "the live deploy cell at full 5B dims: the exact path beside CUDA graphs + fast decode (+ side stream)",
-        """timeout 560 python3 bench/deploy.py --device cuda --dims full \\
+        """timeout 560 python3 -m bench.speed.deploy --device cuda --dims full \\
   --levers exact,graphs,graphs_all,graphs_all_stream --cells 100 --parts 8 --max-lever-s 40 \\
   --world-cells 0 --out "$OUT/deploy.json" > "$OUT/deploy.log" 2>&1
 tail -c 3000 "$OUT/deploy.log\"""",
@@ -137,7 +137,7 @@ tail -c 3000 "$OUT/deploy.log\"""",
     "small": Suite(
         "nvidia-h200",
         "the small preset end to end (code world -> ... -> SFT) and its cond / uncond table",
-        """timeout 560 python3 bench/small_preset.py --root /tmp/small --cpu-ranks 12 > "$OUT/small.log" 2>&1
+        """timeout 560 python3 -m bench.quality.small_preset --root /tmp/small --cpu-ranks 12 > "$OUT/small.log" 2>&1
 grep '^{' "$OUT/small.log"; tail -n 30 "$OUT/small.log\"""",
     ),
     "sft": Suite(
@@ -145,7 +145,7 @@ grep '^{' "$OUT/small.log"; tail -n 30 "$OUT/small.log\"""",
         "NCCL bandwidth; SFT at NCCL's default, 8 CTAs, no overlap, 4 CTAs beside baselines/plain_zero2.py; "
         "the full-size code world generated on the CPU meanwhile (kept in /tmp/full)",
         """full_world
-timeout 60 torchrun --nproc_per_node=2 bench/nccl_probe.py 2>&1 | grep '^{' >> "$OUT/nccl.jsonl"
+timeout 60 torchrun --nproc_per_node=2 -m bench.probes.nccl_probe 2>&1 | grep '^{' >> "$OUT/nccl.jsonl"
 sft_bench 500 --out /tmp/sftlogs --plain-steps 8 \\
   --variants nockpt_fused_compile,nockpt_fused_compile_ctas8,nockpt_fused_compile_nooverlap,nockpt_fused_compile_ctas4
 tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
@@ -155,10 +155,10 @@ wait_world; cat "$OUT/nccl.jsonl\"""",
         "nvidia-h200-x2",
         "one short lease: NCCL at 8 CTAs, that SFT variant beside plain, latents",
         """full_world
-NCCL_MAX_CTAS=8 NCCL_MAX_NCHANNELS=8 timeout 60 torchrun --nproc_per_node=2 bench/nccl_probe.py 2>&1 | grep '^{' > "$OUT/nccl.jsonl"
+NCCL_MAX_CTAS=8 NCCL_MAX_NCHANNELS=8 timeout 60 torchrun --nproc_per_node=2 -m bench.probes.nccl_probe 2>&1 | grep '^{' > "$OUT/nccl.jsonl"
 sft_bench 240 --out /tmp/sftlogs --variants nockpt_fused_compile_ctas8 --plain-steps 6
 wait_world
-CUDA_VISIBLE_DEVICES=0 timeout 110 python3 bench/latents.py --raw /tmp/full --repeat 6 --batches 2 \\
+CUDA_VISIBLE_DEVICES=0 timeout 110 python3 -m bench.speed.latents --raw /tmp/full --repeat 6 --batches 2 \\
   --workers 8 --plain-clips 1 --warmup 1 2>&1 | grep '^{' > "$OUT/latents.jsonl"
 tar czf "$OUT/sft_logs.tgz" -C /tmp/sftlogs .
 cat "$OUT/nccl.jsonl"; cut -c1-700 "$OUT/latents.jsonl\"""",
@@ -167,7 +167,7 @@ cat "$OUT/nccl.jsonl"; cut -c1-700 "$OUT/latents.jsonl\"""",
         "nvidia-h200-x2",
         "latents on GPU 0 against the plain VAE, the GPU-marked tests, the cache consumer on 16 pinned cores",
         """[ -d /tmp/full ] || python3 -m gc25d_core.codeworld generate /tmp/full --preset full --workers 24 > "$OUT/gen.log" 2>&1
-CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/latents.py --raw /tmp/full --repeat 8 --batches 2 \\
+CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m bench.speed.latents --raw /tmp/full --repeat 8 --batches 2 \\
   --workers 8 --plain-clips 4 --warmup 1 2>&1 | grep '^{' > "$OUT/latents.jsonl"
 cache_and_gpu_tests
 cut -c1-600 "$OUT/latents.jsonl\"""",
@@ -194,7 +194,7 @@ cut -c1-600 "$OUT/latents.jsonl\"""",
 PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 200 python3 -m pytest -q -m fa4 tests/models/test_gpu_models.py \\
   -p no:cacheprovider > "$OUT/pytest_fa4.log" 2>&1
 tail -n 4 "$OUT/pytest_fa4.log"
-PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 120 python3 bench/attention.py 2>&1 | grep '^{' > "$OUT/attn.jsonl"
+PYTHONPATH=$FA4_PATH:$PYTHONPATH timeout 120 python3 -m bench.speed.attention 2>&1 | grep '^{' > "$OUT/attn.jsonl"
 cut -c1-400 "$OUT/attn.jsonl"
 sft_bench 420 --out /tmp/sftlogs --fa4-path $FA4_PATH --plain-steps 0 --profile \\
   --variants "${1:-nockpt_fused_compile_nooverlap+fa4,nockpt_fused_compile_nooverlap+fa4+percell,nockpt_fused_compile_ctas8+fa4+percell}"
@@ -225,7 +225,7 @@ accel_sft "${1:-v10_1gpu,v10_1gpu_direct}" "${2:-1}" sft1 420""",
     ),
     "stages1": Suite(
         "nvidia-h200",
-        "stages on one H200, call 1: the GPU line, then bench/stages.py runs $1 (default s1,s1_flex,s2)",
+        "stages on one H200, call 1: the GPU line, then bench/speed/stages.py runs $1 (default s1,s1_flex,s2)",
         """gpu_line
 stages call1 575 --runs "${1:-s1,s1_flex,s2}" --steps 6 --warm 2 --clips-per-run 4 --timeout 200""",
     ),
@@ -237,16 +237,16 @@ stages call1 575 --runs "${1:-s1,s1_flex,s2}" --steps 6 --warm 2 --clips-per-run
     ),
     "attn-tf": Suite(
         "nvidia-h200",
-        "the teacher-forcing attention alone (16,380 tokens, block mask): flex with bench/attention.py's "
+        "the teacher-forcing attention alone (16,380 tokens, block mask): flex with bench/speed/attention.py's "
         "FLEX_VARIANTS $1 beside SDPA's dense mask",
-        """timeout 250 python3 bench/attention.py --mask tf --reps 10 \\
+        """timeout 250 python3 -m bench.speed.attention --mask tf --reps 10 \\
   --kernels "${1:-flex,flex_tma,flex_safe,flex_tma_safe,flex_m128n128w8,flex_m128n64w4s3,flex_bwd64,sdpa_mask}" \\
   > "$OUT/attn_tf.jsonl" 2> "$OUT/attn_tf.err"
 cut -c1-400 "$OUT/attn_tf.jsonl\"""",
     ),
     "stages-fa4": Suite(
         "nvidia-h200",
-        "after the three fa4-stage calls: FA4 installed, the flex / FA4 GPU tests, then bench/stages.py runs $1 "
+        "after the three fa4-stage calls: FA4 installed, the flex / FA4 GPU tests, then bench/speed/stages.py runs $1 "
         "(default: stage 1 with flex's FA4 backend at 12 blocks unrecomputed and at 30 with 10 recomputed, "
         "the SFT, stage 2 with it), $2 profiled (default the stage-2 run)",
         """install_fa4

@@ -1,6 +1,7 @@
-"""bench/suites.py: every named suite is valid bash and names only scripts that exist; bench/ imports
-nothing from tests/."""
+"""bench/suites.py: every named suite is valid bash and names only scripts that exist; bench/ runs as a
+package (no sys.path edits, imports that resolve) and imports nothing from tests/."""
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -12,18 +13,58 @@ from bench.suites import SUITES, Suite, main, script_of
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _module_file(name: str) -> Path | None:
+    base = ROOT / name.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__main__.py", base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
 @pytest.mark.parametrize("name", sorted(SUITES))
 def test_suite_is_valid_bash_over_existing_scripts(name):
     script = script_of(name)
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     for path in re.findall(r"\b(bench/[\w/]+\.(?:py|sh)|tests/[\w/]+\.py)\b", script):
         assert (ROOT / path).is_file(), f"{name}: {path} does not exist"
+    for module in re.findall(r"-m (bench\.[\w.]+)", script):
+        assert _module_file(module), f"{name}: no module {module}"
 
 
 def test_bench_imports_nothing_from_tests():
     for path in (ROOT / "bench").rglob("*.py"):
         text = path.read_text()
         assert not re.search(r"^\s*(from|import) tests\b", text, re.M), path
+
+
+def test_bench_runs_as_a_package_without_sys_path_edits():
+    """Scripts run as ``python -m bench.<folder>.<name>`` from the repository root: none edits sys.path,
+    and every ``bench.…`` import (in bench/ and tests/) names a module that exists."""
+    for path in (ROOT / "bench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):  # code only: docstrings may say sys.path
+            is_sys = (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            )
+            assert not (is_sys and node.attr == "path"), f"{path}:{node.lineno}: edits sys.path"
+    for path in [*(ROOT / "bench").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for mod in names:
+                if mod == "bench" or mod.startswith("bench."):
+                    assert _module_file(mod), f"{path}: imports {mod}, which does not exist"
+
+
+def test_every_script_is_in_a_folder_that_says_what_it_measures():
+    top = {p.name for p in (ROOT / "bench").glob("*.py")}
+    assert top == {"__init__.py", "common.py", "suites.py"}
+    for folder in ("speed", "quality", "probes"):
+        assert (ROOT / "bench" / folder / "__init__.py").is_file()
 
 
 def _run_suite(monkeypatch, tmp_path, capfd, script: str) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""bench/deploy.py runs every CPU lever on the tiny models and prints one JSON object."""
+"""bench/speed/deploy.py runs every CPU lever on the tiny models and prints one JSON object."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_deploy_cpu_tiny_prints_one_json(tmp_path):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "deploy.py"), "--device", "cpu", "--dims", "tiny"]
+    cmd = [sys.executable, "-m", "bench.speed.deploy", "--device", "cpu", "--dims", "tiny"]
     cmd += ["--cells", "2", "--parts", "1", "--warmup", "0", "--levers", "fold", "--world-cells", "1"]
     proc = subprocess.run(
         [*cmd, "--out", str(out)],

@@ -31,12 +31,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from gc25d_core.compat import import_diffsynth  # noqa: E402
+from gc25d_core.compat import import_diffsynth
 
 LEVERS = (
     "exact",
