@@ -53,6 +53,11 @@ SITE = "/tmp/site"
 FA4_STAGED = Path("/tmp/fa4w")  # the fa4-stage calls copy bench/fa4_wheels.sh's folders here
 FA4_SITE = "/tmp/fa4site"
 FA4_PATH = (FA4_SITE, f"{FA4_SITE}/nvidia_cutlass_dsl/dsl_packages")
+FA4_ARG = os.pathsep.join(FA4_PATH)  # bench/speed/sft.py's --fa4-path
+GPU_TESTS = "tests/models/test_gpu_models.py"
+GPU_FIELDS = "name,memory.total,memory.used,clocks.sm,driver_version"
+GPU0 = {"CUDA_VISIBLE_DEVICES": "0"}
+CTAS8 = {"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"}
 KILL_GRACE_S = 30  # SIGTERM to a timed-out step's process group, SIGKILL this much later
 _PLACEHOLDER = re.compile(r"\{(\d+|OUT|python)\}")
 
@@ -409,31 +414,25 @@ def stage_fa4(ctx: Ctx) -> None:
 # --- the steps the suites share ------------------------------------------------------------------
 
 
-def module(name: str, *args: str) -> tuple[str, ...]:
-    return (PY, "-m", name, *args)
+def py(args: str) -> tuple[str, ...]:
+    """The suite's interpreter with ``args``, split as a shell would split them (no shell runs)."""
+    return (PY, *shlex.split(args))
 
 
-def torchrun(nproc: int, name: str, *args: str) -> tuple[str, ...]:
-    return module("torch.distributed.run", f"--nproc_per_node={nproc}", "-m", name, *args)
+def torchrun(nproc: int, args: str) -> tuple[str, ...]:
+    return py(f"-m torch.distributed.run --nproc_per_node={nproc} {args}")
 
 
 INSTALL_FA4 = Call(f"join, check and install FlashAttention-4 from {FA4_STAGED} into {FA4_SITE}", install_fa4)
 # the full-size code world on the CPU (kept in /tmp/full while the machine stays warm)
 FULL_WORLD = Step(
-    module("gc25d_core.codeworld", "generate", "/tmp/full", "--preset", "full", "--workers", "24"),
+    py("-m gc25d_core.codeworld generate /tmp/full --preset full --workers 24"),
     None,
     log="gen.log",
     unless="/tmp/full",
 )
 GPU_LINE = (
-    Step(
-        (
-            "nvidia-smi",
-            "--query-gpu=name,memory.total,memory.used,clocks.sm,driver_version",
-            "--format=csv,noheader",
-        ),
-        60,
-    ),
+    Step(tuple(shlex.split("nvidia-smi --format=csv,noheader --query-gpu=" + GPU_FIELDS)), 60),
     Step(
         (
             PY,
@@ -446,36 +445,25 @@ GPU_LINE = (
 ALLOC = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
-def sft_bench(name: str, limit: int, *args: str, env: Mapping[str, str] | None = None) -> tuple[Action, ...]:
+def sft_bench(name: str, limit: int, args: str) -> tuple[Action, ...]:
     """bench/speed/sft.py on 2 GPUs: JSON lines to $OUT/<name>.jsonl."""
-    cmd = module("bench.speed.sft", "--root", "/tmp/sftb", "--nproc", "2", "--steps", "16", "--warm", "4")
-    return (
-        Step((*cmd, "--clips-per-run", "6", *args), limit, jsonl=f"{name}.jsonl", width=2000, env=env or {}),
-        Show(f"{name}.jsonl", width=900),
-    )
+    cmd = py(f"-m bench.speed.sft --root /tmp/sftb --nproc 2 --steps 16 --warm 4 --clips-per-run 6 {args}")
+    return (Step(cmd, limit, jsonl=f"{name}.jsonl", width=2000), Show(f"{name}.jsonl", width=900))
 
 
 def cache_and_gpu_tests() -> tuple[Action, ...]:
     """The cache consumer on 16 pinned cores (4 MB, 25 MB samples), then the GPU tests."""
-    cache = module("bench.speed.cache", "--cpus", "0-15", "--workdir", "/dev/shm")
+    cache = "-m bench.speed.cache --cpus 0-15 --workdir /dev/shm"
     return (
-        Step((*cache, "--reps", "5"), 200, log="cache_4mb.json", drop=r"^\[20"),
+        Step(py(f"{cache} --reps 5"), 200, log="cache_4mb.json", drop=r"^\[20"),
         Step(
-            (*cache, "--reps", "7", "--shards", "4", "--samples-per-shard", "12", "--sample-mb", "25"),
+            py(f"{cache} --reps 7 --shards 4 --samples-per-shard 12 --sample-mb 25"),
             260,
             log="cache_25mb.json",
             drop=r"^\[20",
         ),
         Step(
-            module(
-                "pytest",
-                "-q",
-                "-m",
-                "gpu and not fa4",
-                "tests/models/test_gpu_models.py",
-                "-p",
-                "no:cacheprovider",
-            ),
+            py(f"-m pytest -q -m 'gpu and not fa4' {GPU_TESTS} -p no:cacheprovider"),
             240,
             log="pytest_gpu.log",
         ),
@@ -484,31 +472,38 @@ def cache_and_gpu_tests() -> tuple[Action, ...]:
     )
 
 
-def accel_sft(variants: str, rounds: str, name: str, limit: int) -> tuple[Action, ...]:
-    """One GPU, ZeRO-2 via accelerate beside deepspeed.initialize."""
-    cmd = module("bench.speed.sft", "--root", "/tmp/sftb1", "--out", f"/tmp/{name}", "--nproc", "1")
-    cmd += ("--steps", "14", "--warm", "4", "--clips-per-run", "6", "--variants", variants)
+def accel_sft(name: str, limit: int) -> tuple[Action, ...]:
+    """One GPU, ZeRO-2 via accelerate beside deepspeed.initialize: variants {1}, {2} rounds."""
+    cmd = f"-m bench.speed.sft --root /tmp/sftb1 --out /tmp/{name} --nproc 1 --steps 14 --warm 4 --clips-per-run 6"
     return (
-        Step((*cmd, "--repeat", rounds, "--plain-steps", "0"), limit, jsonl=f"{name}.jsonl", width=2400),
+        Step(
+            py(f"{cmd} --variants {{1}} --repeat {{2}} --plain-steps 0"),
+            limit,
+            jsonl=f"{name}.jsonl",
+            width=2400,
+        ),
         Tar(f"{name}_logs.tgz", f"/tmp/{name}"),
         Show(f"{name}.jsonl", width=700),
     )
 
 
-def stages(name: str, limit: int, *args: str, env: Mapping[str, str] | None = None) -> tuple[Action, ...]:
-    """bench/speed/stages.py (world and exports in /tmp/stb): its log, JSON lines and run logs."""
-    cmd = module("bench.speed.stages", "--root", "/tmp/stb", "--out", f"/tmp/stlogs_{name}", *args)
+def stages(name: str, limit: int, args: str, alloc: bool = False, fa4: bool = False) -> tuple[Action, ...]:
+    """bench/speed/stages.py (world and exports in /tmp/stb): its log, JSON lines and run logs; ``alloc``:
+    the CUDA allocator's expandable segments, ``fa4``: FlashAttention-4 on the path."""
+    cmd = py(f"-m bench.speed.stages --root /tmp/stb --out /tmp/stlogs_{name} {args}")
     return (
-        Step(cmd, limit, log=f"{name}.log", jsonl=f"{name}.jsonl", env=env or {}),
+        Step(
+            cmd,
+            limit,
+            log=f"{name}.log",
+            jsonl=f"{name}.jsonl",
+            env=ALLOC if alloc else {},
+            pythonpath=FA4_PATH if fa4 else (),
+        ),
         Tar(f"{name}_logs.tgz", f"/tmp/stlogs_{name}"),
         Show(f"{name}.jsonl", drop='"probe": "summary"', width=1800),
         Show(f"{name}.log", grep="Error|error:|Traceback", head=12),
     )
-
-
-def fa4(step: Step) -> Step:
-    """``step`` with FlashAttention-4's folders first on PYTHONPATH."""
-    return replace(step, pythonpath=FA4_PATH)
 
 
 @dataclass(frozen=True)
@@ -526,9 +521,10 @@ SUITES: dict[str, Suite] = {
         "the live deploy cell at full 5B dims: the exact path beside CUDA graphs + fast decode (+ side stream)",
         (
             Step(
-                module("bench.speed.deploy", "--device", "cuda", "--dims", "full")
-                + ("--levers", "exact,graphs,graphs_all,graphs_all_stream", "--cells", "100", "--parts", "8")
-                + ("--max-lever-s", "40", "--world-cells", "0", "--out", "{OUT}/deploy.json"),
+                py(
+                    "-m bench.speed.deploy --device cuda --dims full --levers exact,graphs,graphs_all,graphs_all_stream"
+                    " --cells 100 --parts 8 --max-lever-s 40 --world-cells 0 --out {OUT}/deploy.json"
+                ),
                 560,
                 log="deploy.log",
             ),
@@ -539,11 +535,7 @@ SUITES: dict[str, Suite] = {
         "nvidia-h200",
         "the small preset end to end (code world -> ... -> SFT) and its cond / uncond table",
         (
-            Step(
-                module("bench.quality.small_preset", "--root", "/tmp/small", "--cpu-ranks", "12"),
-                560,
-                log="small.log",
-            ),
+            Step(py("-m bench.quality.small_preset --root /tmp/small --cpu-ranks 12"), 560, log="small.log"),
             Show("small.log", grep="^{"),
             Show("small.log", tail=30),
         ),
@@ -554,13 +546,12 @@ SUITES: dict[str, Suite] = {
         "the full-size code world generated on the CPU meanwhile (kept in /tmp/full)",
         (
             replace(FULL_WORLD, background=True),
-            Step(torchrun(2, "bench.probes.nccl_probe"), 60, jsonl="nccl.jsonl"),
+            Step(torchrun(2, "-m bench.probes.nccl_probe"), 60, jsonl="nccl.jsonl"),
             *sft_bench(
                 "sft",
                 500,
-                *("--out", "/tmp/sftlogs", "--plain-steps", "8", "--variants"),
-                "nockpt_fused_compile,nockpt_fused_compile_ctas8,nockpt_fused_compile_nooverlap,"
-                "nockpt_fused_compile_ctas4",
+                "--out /tmp/sftlogs --plain-steps 8 --variants nockpt_fused_compile,nockpt_fused_compile_ctas8,"
+                "nockpt_fused_compile_nooverlap,nockpt_fused_compile_ctas4",
             ),
             Tar("sft_logs.tgz", "/tmp/sftlogs"),
             Wait(),
@@ -572,29 +563,18 @@ SUITES: dict[str, Suite] = {
         "one short lease: NCCL at 8 CTAs, that SFT variant beside plain, latents",
         (
             replace(FULL_WORLD, background=True),
-            Step(
-                torchrun(2, "bench.probes.nccl_probe"),
-                60,
-                jsonl="nccl.jsonl",
-                env={"NCCL_MAX_CTAS": "8", "NCCL_MAX_NCHANNELS": "8"},
-            ),
+            Step(torchrun(2, "-m bench.probes.nccl_probe"), 60, jsonl="nccl.jsonl", env=CTAS8),
             *sft_bench(
-                "ctas",
-                240,
-                "--out",
-                "/tmp/sftlogs",
-                "--variants",
-                "nockpt_fused_compile_ctas8",
-                "--plain-steps",
-                "6",
+                "ctas", 240, "--out /tmp/sftlogs --variants nockpt_fused_compile_ctas8 --plain-steps 6"
             ),
             Wait(),
             Step(
-                module("bench.speed.latents", "--raw", "/tmp/full", "--repeat", "6", "--batches", "2")
-                + ("--workers", "8", "--plain-clips", "1", "--warmup", "1"),
+                py(
+                    "-m bench.speed.latents --raw /tmp/full --repeat 6 --batches 2 --workers 8 --plain-clips 1 --warmup 1"
+                ),
                 110,
                 jsonl="latents.jsonl",
-                env={"CUDA_VISIBLE_DEVICES": "0"},
+                env=GPU0,
             ),
             Tar("sft_logs.tgz", "/tmp/sftlogs"),
             Show("nccl.jsonl"),
@@ -607,11 +587,12 @@ SUITES: dict[str, Suite] = {
         (
             FULL_WORLD,
             Step(
-                module("bench.speed.latents", "--raw", "/tmp/full", "--repeat", "8", "--batches", "2")
-                + ("--workers", "8", "--plain-clips", "4", "--warmup", "1"),
+                py(
+                    "-m bench.speed.latents --raw /tmp/full --repeat 8 --batches 2 --workers 8 --plain-clips 4 --warmup 1"
+                ),
                 240,
                 jsonl="latents.jsonl",
-                env={"CUDA_VISIBLE_DEVICES": "0"},
+                env=GPU0,
             ),
             *cache_and_gpu_tests(),
             Show("latents.jsonl", width=600),
@@ -637,37 +618,19 @@ SUITES: dict[str, Suite] = {
         "{1} with FA4, profiled)",
         (
             INSTALL_FA4,
-            fa4(
-                Step(
-                    module(
-                        "pytest",
-                        "-q",
-                        "-m",
-                        "fa4",
-                        "tests/models/test_gpu_models.py",
-                        "-p",
-                        "no:cacheprovider",
-                    ),
-                    200,
-                    log="pytest_fa4.log",
-                )
+            Step(
+                py(f"-m pytest -q -m fa4 {GPU_TESTS} -p no:cacheprovider"),
+                200,
+                log="pytest_fa4.log",
+                pythonpath=FA4_PATH,
             ),
             Show("pytest_fa4.log", tail=4),
-            fa4(Step(module("bench.speed.attention"), 120, jsonl="attn.jsonl")),
+            Step(py("-m bench.speed.attention"), 120, jsonl="attn.jsonl", pythonpath=FA4_PATH),
             Show("attn.jsonl", width=400),
             *sft_bench(
                 "fa4",
                 420,
-                *(
-                    "--out",
-                    "/tmp/sftlogs",
-                    "--fa4-path",
-                    ":".join(FA4_PATH),
-                    "--plain-steps",
-                    "0",
-                    "--profile",
-                ),
-                *("--variants", "{1}"),
+                f"--out /tmp/sftlogs --fa4-path {FA4_ARG} --plain-steps 0 --profile --variants {{1}}",
             ),
             Tar("sft_logs.tgz", "/tmp/sftlogs"),
         ),
@@ -682,10 +645,7 @@ SUITES: dict[str, Suite] = {
         "(v10 = configs/sft/v10.yaml as it stands)",
         (
             *sft_bench(
-                "sft2",
-                480,
-                *("--out", "/tmp/sftlogs2", "--fa4-path", ":".join(FA4_PATH), "--plain-steps", "6"),
-                *("--variants", "{1}"),
+                "sft2", 480, f"--out /tmp/sftlogs2 --fa4-path {FA4_ARG} --plain-steps 6 --variants {{1}}"
             ),
             Tar("sft_logs2.tgz", "/tmp/sftlogs2"),
         ),
@@ -702,43 +662,25 @@ SUITES: dict[str, Suite] = {
         (
             *GPU_LINE,
             Step(
-                module(
-                    "pytest", "-q", "-m", "gpu and not fa4", "tests/models", "-p", "no:cacheprovider", "-rA"
-                ),
+                py("-m pytest -q -m 'gpu and not fa4' tests/models -p no:cacheprovider -rA"),
                 300,
                 log="pytest_gpu.log",
             ),
             Show("pytest_gpu.log", tail=12),
-            *accel_sft("{1}", "{2}", "sft1", 420),
+            *accel_sft("sft1", 420),
         ),
         defaults=("v10_1gpu,v10_1gpu_direct", "1"),
     ),
     "accel1-more": Suite(
         "nvidia-h200",
         "the same lease, after accel1: {2} more rounds of {1}",
-        accel_sft("{1}", "{2}", "sft1b", 570),
+        accel_sft("sft1b", 570),
         defaults=("v10_1gpu,v10_1gpu_direct", "2"),
     ),
     "stages1": Suite(
         "nvidia-h200",
         "stages on one H200, call 1: the GPU line, then bench/speed/stages.py runs {1} (default s1,s1_flex,s2)",
-        (
-            *GPU_LINE,
-            *stages(
-                "call1",
-                575,
-                "--runs",
-                "{1}",
-                "--steps",
-                "6",
-                "--warm",
-                "2",
-                "--clips-per-run",
-                "4",
-                "--timeout",
-                "200",
-            ),
-        ),
+        (*GPU_LINE, *stages("call1", 575, "--runs {1} --steps 6 --warm 2 --clips-per-run 4 --timeout 200")),
         defaults=("s1,s1_flex,s2",),
     ),
     "stages2": Suite(
@@ -747,8 +689,7 @@ SUITES: dict[str, Suite] = {
         stages(
             "call2",
             575,
-            *("--runs", "{1}", "--steps", "6", "--warm", "2", "--s3-steps", "5", "--s3-blocks", "10"),
-            *("--clips-per-run", "4", "--timeout", "260", "--profile", "{2}"),
+            "--runs {1} --steps 6 --warm 2 --s3-steps 5 --s3-blocks 10 --clips-per-run 4 --timeout 260 --profile {2}",
         ),
         defaults=("sft,s3", ""),
     ),
@@ -758,7 +699,7 @@ SUITES: dict[str, Suite] = {
         "FLEX_VARIANTS {1} beside SDPA's dense mask",
         (
             Step(
-                module("bench.speed.attention", "--mask", "tf", "--reps", "10", "--kernels", "{1}"),
+                py("-m bench.speed.attention --mask tf --reps 10 --kernels {1}"),
                 250,
                 log="attn_tf.jsonl",
                 err="attn_tf.err",
@@ -776,38 +717,20 @@ SUITES: dict[str, Suite] = {
         "recomputed, the SFT, stage 2 with it), {2} profiled (default the stage-2 run)",
         (
             INSTALL_FA4,
-            fa4(
-                Step(
-                    module(
-                        "pytest", "-q", "-m", "gpu", "-k", "flex or fa4", "tests/models/test_gpu_models.py"
-                    )
-                    + ("-p", "no:cacheprovider", "-rA"),
-                    100,
-                    log="pytest.log",
-                    env=ALLOC,
-                )
+            Step(
+                py(f"-m pytest -q -m gpu -k 'flex or fa4' {GPU_TESTS} -p no:cacheprovider -rA"),
+                100,
+                log="pytest.log",
+                env=ALLOC,
+                pythonpath=FA4_PATH,
             ),
             Show("pytest.log", tail=6),
-            *(
-                fa4(a) if isinstance(a, Step) else a
-                for a in stages(
-                    "fa4",
-                    460,
-                    *(
-                        "--runs",
-                        "{1}",
-                        "--steps",
-                        "6",
-                        "--warm",
-                        "2",
-                        "--clips-per-run",
-                        "4",
-                        "--timeout",
-                        "200",
-                    ),
-                    *("--profile", "{2}"),
-                    env=ALLOC,
-                )
+            *stages(
+                "fa4",
+                460,
+                "--runs {1} --steps 6 --warm 2 --clips-per-run 4 --timeout 200 --profile {2}",
+                alloc=True,
+                fa4=True,
             ),
         ),
         defaults=("s1_flex+fxflash+L12+nockpt,s1_flex+fxflash+ckpt10,sft,s2_flex+fxflash", "s2_flex+fxflash"),
@@ -818,9 +741,8 @@ SUITES: dict[str, Suite] = {
         stages(
             "s3",
             370,
-            *("--runs", "{1}", "--steps", "2", "--warm", "1", "--s3-steps", "2", "--s3-blocks", "10"),
-            *("--clips-per-run", "4", "--timeout", "170"),
-            env=ALLOC,
+            "--runs {1} --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170",
+            alloc=True,
         ),
         defaults=("s3,s3+nockpt",),
     ),
@@ -833,16 +755,15 @@ SUITES: dict[str, Suite] = {
             *stages(
                 "n2",
                 280,
-                *("--nproc", "2", "--runs", "sft+nockpt,s1_flex+nockpt,s2_flex+nockpt", "--steps", "6"),
-                *("--warm", "2", "--clips-per-run", "8", "--timeout", "120"),
-                env=ALLOC,
+                "--nproc 2 --runs sft+nockpt,s1_flex+nockpt,s2_flex+nockpt --steps 6 --warm 2 --clips-per-run 8"
+                " --timeout 120",
+                alloc=True,
             ),
             *stages(
                 "n{1}",
                 300,
-                *("--nproc", "{1}", "--runs", "{2}", "--steps", "6", "--warm", "2", "--clips-per-run", "8"),
-                *("--timeout", "90"),
-                env=ALLOC,
+                "--nproc {1} --runs {2} --steps 6 --warm 2 --clips-per-run 8 --timeout 90",
+                alloc=True,
             ),
         ),
         defaults=("8", "sft+nockpt,s1_flex+nockpt,s1_flex+nockpt+overlap,s2_flex+nockpt"),
