@@ -255,3 +255,15 @@ def test_suites_run_as_a_module_from_the_repository_root(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert set(SUITES) == {line.split()[0] for line in proc.stdout.splitlines()}
+
+
+def test_benchmark_table_commands_name_modules_that_exist():
+    """docs/benchmarks.md's commands rerun its figures: each ``-m bench.…`` module and ``bench/…`` file
+    it names exists (the scripts moved once; a stale command would silently point nowhere)."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    modules = re.findall(r"-m (bench(?:\.\w+)+)", text)
+    assert "bench.suites" in modules
+    for mod in modules:
+        assert _module_file(mod), f"docs/benchmarks.md: no module {mod}"
+    for path in re.findall(r"\bbench/[\w/]+\.(?:py|sh)\b", text):
+        assert (ROOT / path).is_file(), f"docs/benchmarks.md: {path} does not exist"
