@@ -32,7 +32,9 @@ def _chain(tmp_path: Path) -> Path:
 
 def test_deploy_export_keeps_the_causal_metadata_and_the_init_chain(tmp_path):
     s3 = _chain(tmp_path)
-    summary = write_deploy_export(s3, tmp_path / "deploy.safetensors", expected_sha256=sha256_file(s3))
+    summary = write_deploy_export(
+        s3, tmp_path / "deploy.safetensors", expected_sha256=sha256_file(s3), runs_root=tmp_path
+    )
     sd, meta = read_export(tmp_path / "deploy.safetensors")
     src, _ = read_export(s3)
     assert set(sd) == set(src) and all(v.dtype == src[k].dtype for k, v in sd.items())
