@@ -325,7 +325,9 @@ def check_config_against_tensors(cfg: DiTConfig, shapes: Mapping[str, Any], wher
         if s is not None and len(s) > i and getattr(cfg, name) != s[i] // div:
             problems.append(f"{name}={getattr(cfg, name)} but {key} has shape {list(s)}")
     if problems:
-        raise ExportError(f"{where}: the dit_config metadata does not describe the tensors: " + "; ".join(problems))
+        raise ExportError(
+            f"{where}: the dit_config metadata does not describe the tensors: " + "; ".join(problems)
+        )
 
 
 def read_header(path: Path | str, expected_sha256: str | None = None) -> ExportHeader:

@@ -71,10 +71,10 @@ def test_deploy_export_asset_and_its_check(tmp_path):
     from gc25d_pipeline.defs.deploy.assets import deploy_export
     from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 
-    s3 = _chain(tmp_path)
+    s3 = _chain(tmp_path / "runs" / "exports")  # a hand-off names exports inside its runs root
     run = tmp_path / "runs" / "stage3_dmd" / "v000001"
     run.mkdir(parents=True)
-    write_handoff_file(run / "final.json", handoff_of("stage3_dmd", 5, s3, s3))
+    write_handoff_file(run / "final.json", handoff_of("stage3_dmd", 5, s3, s3, runs_root=tmp_path / "runs"))
     project = Gc25dProject(preset="tiny", store=ArtifactStore(runs_root=str(tmp_path / "runs")))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
@@ -85,8 +85,11 @@ def test_deploy_export_asset_and_its_check(tmp_path):
     checks = result.get_asset_check_evaluations()
     assert [(c.check_name, c.passed) for c in checks] == [("deploy_contract", True)]
     out = tmp_path / "runs" / "deploy_export" / "v000001"
-    handoff = read_handoff(out / "final.json")
+    handoff = read_handoff(out / "final.json", tmp_path / "runs")
     assert handoff.stage == "deploy" and handoff.export == (out / "deploy.safetensors").resolve()
+    assert (
+        json.loads((out / "final.json").read_text())["export"] == "deploy_export/v000001/deploy.safetensors"
+    )
     mat = result.asset_materializations_for_node("deploy_export")[0]
     assert mat.metadata["sha256"].value == handoff.sha256
 

@@ -62,7 +62,7 @@ def available_exports(
             skipped.append(f"{src.label}: no {path}")
             continue
         try:
-            exports += exports_of_handoff(src.label, path)
+            exports += exports_of_handoff(src.label, path, cfg.paths.runs_root)
         except ConfigError as e:
             raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
     return _without_deployed_copies(exports, skipped)
