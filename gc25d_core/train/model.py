@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import torch
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.train.config import ModelConfig, StageConfig
+
+if TYPE_CHECKING:
+    from gc25d_core.models.export import ExportMeta
 
 
 def pick_device(cfg: Gc25dConfig) -> torch.device:
@@ -72,7 +75,9 @@ def init_source(m: ModelConfig, section: str) -> str:
     return f"{section}.export_path"
 
 
-def check_init_export(cfg: Gc25dConfig, m: ModelConfig, meta, path: Path, section: str, causal: bool | None):
+def check_init_export(
+    cfg: Gc25dConfig, m: ModelConfig, meta: ExportMeta, path: Path, section: str, causal: bool | None
+) -> None:
     """What the reading stage needs of its init export, before anything is trained: causal or
     bidirectional (``causal``; None: either), the project's vocabulary, the latent channels in and
     out, the text table's width. Raises a ConfigError naming the hand-off file and field."""
@@ -80,7 +85,7 @@ def check_init_export(cfg: Gc25dConfig, m: ModelConfig, meta, path: Path, sectio
     from gc25d_core.schema import ConfigError
 
     d = meta.dit_config
-    problems = []
+    problems: list[str] = []
     if causal is True and meta.causal is None:
         problems.append("it is bidirectional (causal=false); this stage needs a causal export")
     if causal is False and meta.causal is not None:

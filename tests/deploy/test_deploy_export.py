@@ -120,3 +120,22 @@ def test_eval_leaves_out_a_deploy_copy_of_an_export_it_evaluates(tmp_path):
     assert skipped == ["deploy: the same weights as stage3_dmd_ema (its deploy copy)"]
     kept, skipped = _without_deployed_copies([dep], [])  # its source not evaluated: the copy is
     assert [e.label for e in kept] == ["deploy"] and skipped == []
+
+
+def test_the_init_chain_is_followed_inside_the_runs_root_after_each_hash(tmp_path):
+    """init_ckpt names a file relative to the runs root; one outside it is not read, and one whose
+    bytes are not the recorded ones ends the chain before its header is parsed."""
+    from gc25d_core.deploy.export import init_chain
+
+    runs = tmp_path / "runs"
+    s1 = write_tiny_export(runs / "stage1_tf" / "s1.safetensors", stage="stage1_tf")
+    ref = {"path": "stage1_tf/s1.safetensors", "sha256": sha256_file(s1)}
+    (item,) = init_chain({"init_ckpt": json.dumps(ref)}, runs)
+    assert item["found"] and item["stage"] == "stage1_tf"
+    outside = write_tiny_export(tmp_path / "s0.safetensors", stage="sft")
+    for name in ("../s0.safetensors", str(outside)):
+        (item,) = init_chain({"init_ckpt": json.dumps({"path": name, "sha256": sha256_file(outside)})}, runs)
+        assert not item["found"] and "stage" not in item
+    (item,) = init_chain({"init_ckpt": json.dumps({**ref, "sha256": "0" * 64})}, runs)
+    assert item["found"] and item["sha256_ok"] is False and "stage" not in item
+    assert init_chain({"init_ckpt": json.dumps(ref)}) == [{**ref, "found": False}]  # no runs root
