@@ -18,6 +18,7 @@ wrong. Writes are atomic.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ EXPORT_DTYPE = torch.bfloat16
 MAX_LAYERS = 1024
 """More transformer blocks than any export may hold (Wan2.2-TI2V-5B has 30): a bound on what a
 header can make the reader build."""
+MAX_JSON_METADATA = 1 << 16
+"""Characters of a JSON metadata value (dit_config, denoise_axis) the reader parses at most."""
+MAX_CELLS = 1024
+"""Bound of a causal export's sink / window / RoPE cap (cells; the KV cache a session allocates
+follows the window) and of its denoise axis's length."""
 # safetensors' dtype names -> torch's (the ones an export or a foreign file may carry)
 _DTYPES = {
     "BF16": torch.bfloat16,
@@ -261,6 +267,11 @@ def parse_metadata(
         )
     if "data" not in meta:
         raise ExportError(f"{where}: metadata has no 'data'")
+    for key in ("dit_config", "denoise_axis"):
+        if len(meta.get(key, "")) > MAX_JSON_METADATA:
+            raise ExportError(
+                f"{where}: {key} metadata of {len(meta[key])} characters (at most {MAX_JSON_METADATA})"
+            )
     if "dit_config" in meta:
         try:
             cfg = DiTConfig.model_validate_json(meta["dit_config"])
@@ -282,6 +293,15 @@ def parse_metadata(
             raise ExportError(f"{where}: invalid causal metadata: {e}") from None
         if not axis:
             raise ExportError(f"{where}: causal export has an empty denoise_axis")
+        bounds = [f"{k}={v}" for k, v in causal.model_dump().items() if v is not None and v > MAX_CELLS]
+        if len(axis) > MAX_CELLS:
+            bounds.append(f"a denoise_axis of {len(axis)} steps")
+        if not all(math.isfinite(t) for t in axis):
+            bounds.append("a denoise_axis with non-finite timesteps")
+        if bounds:
+            raise ExportError(
+                f"{where}: causal metadata out of bounds (at most {MAX_CELLS}): {', '.join(bounds)}"
+            )
     elif causal_flag != "false" or present:
         raise ExportError(f"{where}: causal={causal_flag!r} with causal keys {present}")
     extra = {k: v for k, v in meta.items() if k not in RESERVED_KEYS}

@@ -137,3 +137,32 @@ def test_deploy_play_names_an_unreadable_export(good, tmp_path, capsys):
     argv += ["--set", f"paths.runs_root={tmp_path}", "--set", "vae.fit.enabled=false", "--device", "cpu"]
     assert main(argv) == 2
     assert f"error: export {bad}: not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_causal_metadata_is_bounded(tmp_path):
+    """A causal header may not ask for a huge window (the KV cache a session allocates follows it)
+    or carry a huge denoise axis."""
+    from gc25d_core.flow import DEPLOY_AXIS
+    from gc25d_core.models.configs import DEPLOY_CAUSAL
+
+    causal = save_export(
+        tmp_path / "causal.safetensors",
+        make_model(seed=0),
+        causal=DEPLOY_CAUSAL,
+        denoise_axis=DEPLOY_AXIS.timesteps,
+    )
+    with safe_open(str(causal), framework="pt") as f:
+        meta = dict(f.metadata())
+        sd = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    cases = {
+        "window": ({"window": "1000000", "rope_cap": "1000002"}, r"out of bounds .*window=1000000"),
+        "axis": ({"denoise_axis": json.dumps([500.0] * 2000)}, r"out of bounds .*denoise_axis of 2000 steps"),
+        "long": ({"denoise_axis": "[" + "1," * 40000 + "1]"}, r"denoise_axis metadata of 80003 characters"),
+        "nan": ({"denoise_axis": "[1000.0, NaN]"}, r"non-finite"),
+    }
+    for name, (changes, message) in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        save_file(sd, str(path), metadata={**meta, **changes})
+        with pytest.raises(ExportError, match=rf"{name}.safetensors: .*{message}"):
+            read_export_meta(path)
+    assert read_export_meta(causal).causal == DEPLOY_CAUSAL
