@@ -132,6 +132,7 @@ class CellTimes:
     """Seconds of one cell's parts (device-synchronised when timing is on)."""
 
     world: float = 0.0
+    upload: float = 0.0
     denoise: float = 0.0
     commit: float = 0.0
     decode: float = 0.0
@@ -236,6 +237,7 @@ class DeployRuntime:
         self.generator = torch.Generator(self.device).manual_seed(opts.seed)
         self.timing = False
         self.cell = 0
+        self._valid_lut: torch.Tensor | None = None
 
     # -- pieces ------------------------------------------------------------------------------------
 
@@ -268,6 +270,8 @@ class DeployRuntime:
         return self.text.select(self._key_idx[key])
 
     def _ids(self, ids: np.ndarray | torch.Tensor, frames: int) -> torch.Tensor:
+        if isinstance(ids, torch.Tensor) and ids.device.type != "cpu":
+            return self._device_ids(ids, frames)
         a = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
         if a.ndim == 3:
             a = a[None]
@@ -275,6 +279,24 @@ class DeployRuntime:
             raise ValueError(f"ids of a cell must be uint8 [{frames}, H, W], got {list(a.shape)}")
         check_ids(a, self.meta.vocab, "cell ids")
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).to(self.device)
+
+    def _device_ids(self, ids: torch.Tensor, frames: int) -> torch.Tensor:
+        """Ids already on the device (the world's torch renderer): the same checks as the host path,
+        on the device (one 256-entry table lookup; its verdict costs one small sync)."""
+        from gc25d_core.vocab import valid_raw_ids
+
+        a = ids[None] if ids.ndim == 3 else ids
+        if a.ndim != 4 or a.shape[1] != frames or a.dtype != torch.uint8:
+            raise ValueError(f"ids of a cell must be uint8 [{frames}, H, W], got {a.dtype} {list(a.shape)}")
+        if a.device != self.device:
+            raise ValueError(f"cell ids are on {a.device}, the session runs on {self.device}")
+        if self._valid_lut is None:
+            lut = torch.zeros(256, dtype=torch.bool)
+            lut[list(valid_raw_ids(self.meta.vocab))] = True
+            self._valid_lut = lut.to(self.device)
+        if not bool(self._valid_lut[a.long()].all()):
+            check_ids(a.cpu().numpy(), self.meta.vocab, "cell ids")  # raises, naming the values
+        return a
 
     def _decode(self, z: torch.Tensor) -> list[np.ndarray]:
         """Frames ready now (in cell order): this cell's, or with the side stream the previous one's."""
@@ -338,6 +360,9 @@ class DeployRuntime:
         self.forward.times = {"denoise": 0.0, "commit": 0.0}
         self.forward.each = []
         sem, text = self._ids(ids4, 4), self.text_of(key)
+        if self.timing:
+            self.sync()
+            times.upload = time.perf_counter() - t0
         x0 = self.streamer.step(text, sem, generator=self.generator)
         self.sync()  # one sync per cell: the live page shows denoise and decode apart
         t1 = time.perf_counter()
@@ -352,6 +377,6 @@ class DeployRuntime:
         times.forwards = list(self.forward.each)
         times.decode = t2 - t1
         times.total = t2 - t0 + world_s
-        times.host = max(0.0, (t1 - t0) - times.denoise - times.commit) if self.timing else 0.0
+        times.host = max(0.0, (t1 - t0) - times.upload - times.denoise - times.commit) if self.timing else 0.0
         self.cell += 1
         return CellOut(self.cell - 1, frames, x0, times)

@@ -42,8 +42,15 @@ class StepOut:
     cell: int
     block: np.ndarray
     key: str
-    ids: np.ndarray  # uint8 [4, H, W] the cell's condition
+    cond: np.ndarray | torch.Tensor  # uint8 [4, H, W] the cell's condition, where the world made it
     out: CellOut
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The condition on the host (copied from the device on first use: the page shows it)."""
+        if isinstance(self.cond, torch.Tensor):
+            self.cond = self.cond.cpu().numpy()
+        return self.cond
 
 
 class LiveSession:
@@ -69,6 +76,8 @@ class LiveSession:
         t0 = time.perf_counter()
         block = np.asarray(block)
         ids4, key = self.world.advance(block)
+        if self.runtime.timing:  # the world's device work counted as the world's, not the denoise's
+            self.runtime.sync()
         world_s = time.perf_counter() - t0
         out = self.runtime.step(ids4, key, world_s=world_s)
         return StepOut(out.cell, block.astype(np.uint8), key, ids4, out)
@@ -96,4 +105,5 @@ def open_session(
         export, table, vae, vocab=cfg.vocab, device=dev, expected_sha256=expected_sha256, options=options
     )
     anchor = read_anchor_image(anchor_image, cfg) if anchor_image is not None else None
-    return LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry), vae, anchor)
+    # the world renders its ids where the model reads them (torch renderer) or on the CPU (numpy)
+    return LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry, device=dev), vae, anchor)
