@@ -60,17 +60,29 @@ class LiveSession:
         self.runtime, self.world, self.encoder = runtime, world, encoder
         self.anchor_rgb = anchor_rgb
         self.ids0: np.ndarray | None = None
+        self._latent: torch.Tensor | None = None
 
-    def start(self) -> list[np.ndarray]:
+    def prepare(self) -> None:
+        """Load-time work of ``start``: the world's frame 0 (its RGB is a CPU ray cast of seconds at
+        832×480) and the anchor's VAE encode. Both depend on the config alone, so they are kept and
+        every ``start`` after this only resets the world and prefills the anchor."""
         from gc25d_core.models.vae import encode_frames
 
-        rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)
+        if self._latent is not None:
+            return
+        rgb, _, _ = self.world.reset(with_rgb=self.anchor_rgb is None)
         anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
         assert anchor is not None
+        self._latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
+
+    def start(self) -> list[np.ndarray]:
+        self.prepare()
+        rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)  # frame 0 is kept
+        anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
+        assert anchor is not None and self._latent is not None
         self.anchor_frame = anchor
         self.ids0 = ids0
-        latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
-        return self.runtime.start(latent, ids0, key0)
+        return self.runtime.start(self._latent, ids0, key0)
 
     def step(self, block: Any) -> StepOut:
         t0 = time.perf_counter()
@@ -106,4 +118,6 @@ def open_session(
     )
     anchor = read_anchor_image(anchor_image, cfg) if anchor_image is not None else None
     # the world renders its ids where the model reads them (torch renderer) or on the CPU (numpy)
-    return LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry, device=dev), vae, anchor)
+    session = LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry, device=dev), vae, anchor)
+    session.prepare()
+    return session

@@ -129,6 +129,7 @@ class LiveWorld:
         self.frames = 0
         self.last_state: FrameState | None = None
         self.times: dict[str, float] = {"sim": 0.0, "render": 0.0}
+        self._frame0: tuple[np.ndarray, Any, np.ndarray | None] | None = None  # ids, cells, rgb
 
     def scene_of(self, look: LookSpan) -> StaticScene:
         if look.seed not in self._scenes:
@@ -204,18 +205,25 @@ class LiveWorld:
         self.memory = SeenMemory(self.cfg.seen_cell_cm)
         idle = np.zeros(5, np.uint8)
         state = self.stepper.frame(idle)
+        # frame 0 depends on the config alone: rendered once (at load, see LiveSession.prepare)
+        # and reused by every later reset
+        if self._frame0 is None:
+            if self.torch is not None:
+                ids_t, cells_t = self.render_ids_torch([state])
+                self._frame0 = (ids_t[0].cpu().numpy(), cells_t, None)
+            else:
+                self._frame0 = (*self.render_ids(state), None)
+        ids, cells, rgb = self._frame0
+        if with_rgb and rgb is None:
+            rgb = self.render_rgb(state)
+            self._frame0 = (ids, cells, rgb)
         if self.torch is not None:
-            assert self.grid is not None
             self.grid = SeenGrid(self.torch.n, self.torch.device)
-            ids_t, cells_t = self.render_ids_torch([state])
-            self.grid.mark(cells_t)
-            ids = ids_t[0].cpu().numpy()
+            self.grid.mark(cells)
         else:
-            ids, cells = self.render_ids(state)
             self.memory.mark(cells)
         self.frames, self.last_state = 1, state
-        rgb = self.render_rgb(state) if with_rgb else None
-        return rgb, ids[None], block_to_key(idle)
+        return (rgb if with_rgb else None), ids[None], block_to_key(idle)
 
     def advance(self, block: np.ndarray) -> tuple[np.ndarray | torch.Tensor, str]:
         """The next cell under ``block``: (its 4 frames of ids uint8 [4, H, W] — a tensor on the
@@ -255,3 +263,50 @@ class LiveWorld:
         self.last_state = states[-1]
         self.times = {"sim": t1 - t0, "render": time.perf_counter() - t1}
         return out
+
+
+_REF_WORLD: LiveWorld | None = None
+
+
+def _reference_frame(args: tuple[WorldConfig, GeometryConfig, FrameState]) -> tuple[np.ndarray, np.ndarray]:
+    global _REF_WORLD
+    cfg, geometry, state = args
+    if _REF_WORLD is None or _REF_WORLD.cfg != cfg or _REF_WORLD.geometry != geometry:
+        _REF_WORLD = LiveWorld(cfg, geometry)
+    return _REF_WORLD.render_ids(state)
+
+
+def reference_ids(
+    cfg: WorldConfig, geometry: GeometryConfig, blocks: list[np.ndarray], workers: int = 1
+) -> list[np.ndarray]:
+    """The numpy renderer's ids of a session (frame 0 uint8 [1, H, W], then [4, H, W] per block),
+    its frames ray-cast by ``workers`` processes: a frame's render depends on its state alone, only
+    the seen memory is sequential (the same arithmetic as ``LiveWorld.advance``). What the torch
+    renderer is checked against at full size, where the CPU ray cast takes ≈ 1 s a frame."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    ref = cfg.model_copy(update={"renderer": "numpy"})
+    world = LiveWorld(ref, geometry)
+    _, ids0, _ = world.reset(with_rgb=False)
+    assert world.stepper is not None
+    states = [world.stepper.frame(check_block(b).astype(np.uint8)) for b in blocks for _ in range(FRAMES_PER_CELL)]
+    jobs = [(ref, geometry, s) for s in states]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            frames = list(pool.map(_reference_frame, jobs, chunksize=4))
+    else:
+        frames = [_reference_frame(j) for j in jobs]
+    memory = SeenMemory(cfg.seen_cell_cm)
+    assert world._frame0 is not None
+    memory.mark(world._frame0[1])
+    out = [ids0]
+    for c in range(len(blocks)):
+        cell = frames[FRAMES_PER_CELL * c : FRAMES_PER_CELL * (c + 1)]
+        masked = []
+        for ids, cells in cell:
+            unseen = (ids < NUM_STATIC) & (cells != SKY) & ~memory.known(cells)
+            masked.append(np.where(unseen, np.uint8(UNKNOWN), ids).astype(np.uint8))
+        for _, cells in cell:
+            memory.mark(cells)
+        out.append(np.stack(masked))
+    return out

@@ -5,7 +5,6 @@ agree on ≥ 99.9 % of pixels over a 240-cell session of varied actions; on CUDA
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ import torch
 
 from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
 from gc25d_core.config import GeometryConfig
-from gc25d_core.deploy.world import SKY, LiveWorld, SeenMemory, WorldConfig
-from gc25d_core.vocab import CHARACTER_IDS, NUM_STATIC, UNKNOWN, check_ids
+from gc25d_core.deploy.world import LiveWorld, WorldConfig, reference_ids
+from gc25d_core.vocab import CHARACTER_IDS, UNKNOWN, check_ids
 
 # a reduced frame (64×32 destination) keeps a 240-cell reference run within a CI minute
 REDUCED = GeometryConfig(src_width=100, src_height=48, crop_x0=3, crop_x1=97, dst_width=64, dst_height=32)
@@ -107,50 +106,10 @@ def test_device_ids_are_checked_like_host_ids(tiny_export):
         DeployRuntime._device_ids(rt, good[:3], 4)
 
 
-# --- the reference in parallel (for the CUDA test at 832×480: the CPU ray cast is ~1 s a frame) --
-
-_REF: LiveWorld | None = None
-
-
-def _ref_frame(args: tuple) -> tuple[np.ndarray, np.ndarray]:
-    global _REF
-    cfg, geometry, state = args
-    if _REF is None:
-        _REF = LiveWorld(cfg, geometry)
-    return _REF.render_ids(state)
-
-
-def reference_session(cfg: WorldConfig, geometry: GeometryConfig, blocks: list[np.ndarray], workers: int):
-    """The numpy world's masked ids per cell, its frames ray-cast in a process pool (rendering is
-    per frame; only the seen memory is sequential), the same arithmetic as LiveWorld.advance."""
-    ref_cfg = cfg.model_copy(update={"renderer": "numpy"})
-    world = LiveWorld(ref_cfg, geometry)
-    world.reset(with_rgb=False)
-    assert world.stepper is not None
-    states = [world.stepper.frame(b) for b in blocks for _ in range(4)]
-    world.reset(with_rgb=False)  # frame 0 again: its render marks the memory
-    first = world.render_ids(world.last_state)  # type: ignore[arg-type]
-    with ProcessPoolExecutor(workers) as pool:
-        frames = list(pool.map(_ref_frame, [(ref_cfg, geometry, s) for s in states], chunksize=8))
-    memory = SeenMemory(cfg.seen_cell_cm)
-    memory.mark(first[1])
-    out = [first[0][None]]
-    for c in range(len(blocks)):
-        cell = frames[4 * c : 4 * c + 4]
-        masked = []
-        for ids, cells in cell:
-            unseen = (ids < NUM_STATIC) & (cells != SKY) & ~memory.known(cells)
-            masked.append(np.where(unseen, np.uint8(UNKNOWN), ids).astype(np.uint8))
-        for _, cells in cell:
-            memory.mark(cells)
-        out.append(np.stack(masked))
-    return out
-
-
 def test_parallel_reference_is_the_reference():
     blocks = varied_blocks(3, seed=2)
     want = play(LiveWorld(WorldConfig(renderer="numpy"), REDUCED), blocks)
-    got = reference_session(WorldConfig(), REDUCED, blocks, workers=1)
+    got = reference_ids(WorldConfig(), REDUCED, blocks, workers=2)
     assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
 
 
@@ -162,7 +121,7 @@ def test_torch_world_on_cuda_at_full_size_matches_and_is_fast():
 
     cells = int(os.environ.get("GC25D_WORLD_CELLS", "240"))
     blocks = varied_blocks(cells, seed=5)
-    ref = reference_session(WorldConfig(), FULL_GEOMETRY, blocks, workers=max(1, (os.cpu_count() or 2) - 1))
+    ref = reference_ids(WorldConfig(), FULL_GEOMETRY, blocks, workers=max(1, (os.cpu_count() or 2) - 1))
     world = LiveWorld(WorldConfig(), FULL_GEOMETRY, device="cuda")
     _, ids0, _ = world.reset(with_rgb=False)
     got, times = [ids0], []
@@ -181,3 +140,13 @@ def test_torch_world_on_cuda_at_full_size_matches_and_is_fast():
     )
     assert frac >= 0.999
     assert s[len(s) // 2] <= 0.015  # SPEC budget: ids on the device within 15 ms a cell
+
+
+@pytest.mark.parametrize("renderer", ["torch", "numpy"])
+def test_a_reset_replays_the_session_from_the_kept_frame_0(renderer):
+    world = LiveWorld(WorldConfig(renderer=renderer), REDUCED)
+    blocks = varied_blocks(6, seed=4)
+    first = play(world, blocks)
+    again = play(world, blocks)  # frame 0 reused, the seen memory and the dynamics start over
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert (first[1] == UNKNOWN).any()  # the memory was reset: the first cell masks unseen ground
