@@ -6,7 +6,7 @@ the code world stepped by an action stream of varied actions, its ids on the dev
 steps + commit, the streaming VAE decode, the frames on the host ready to send) from its first
 cell, per lever in the same run, the exact path first (the oracle):
   load        weights built (random, the real classes) — once, ``load_s``
-  warmup_s    the runtime and world built, frame 0 rendered and encoded (LiveSession.prepare)
+  warmup_s    the runtime and world built, frame 0 rendered and encoded (LiveSession.prepare: frame 0, the world's compile)
   start_s     session start: the anchor prefilled (and decoded)
   first_frame_s  session start → the first generated frame on the host
   cell_s      per-cell wall of every cell from cell 1 (p50 / p90 / p99 / max, cells over 0.25 s)

@@ -121,30 +121,30 @@ def value_noise(x: torch.Tensor, y: torch.Tensor, table: torch.Tensor) -> torch.
     return top + (c + (d - c) * u - top) * v
 
 
-class GroundClasses:
-    """``scene.ground_class`` of one scene seed on a device (its two noise tables uploaded once)."""
+def ground_classes(x: torch.Tensor, y: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """``scene.ground_class`` with the scene's two fbm noise tables ([2, 256, 256]) on the device."""
+    r = torch.hypot(x, y)
+    paving = (r < 900.0) | ((r - RING_ROAD_CM).abs() < 130.0)
+    paving |= ((x.abs() < 160.0) | (y.abs() < 160.0)) & (r < BUILDING_RING_CM + 600.0)
+    x8, y8 = x / 800.0, y / 800.0
+    total = torch.zeros_like(x)
+    amp, norm, freq = 1.0, 0.0, 1.0
+    for k in range(2):  # fbm(..., octaves=2)
+        total = total + amp * value_noise(x8 * freq + 17.3 * k, y8 * freq - 9.1 * k, tables[k])
+        norm += amp
+        amp *= 0.5
+        freq *= 2.0
+    n = total / norm
+    out = torch.full(x.shape, TERRAIN, dtype=torch.uint8, device=x.device)
+    out = torch.where(n > 0.64, VEGETATION, out)
+    out = torch.where(n < 0.30, ROCK, out)
+    return torch.where(paving, PAVING, out).to(torch.uint8)
 
-    def __init__(self, scene_seed: int, device: torch.device, dtype: torch.dtype):
-        seed = scene_seed * 7 + 1
-        self.tables = [torch.tensor(np.array(_table(seed + k)), dtype=dtype, device=device) for k in range(2)]
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        r = torch.hypot(x, y)
-        paving = (r < 900.0) | ((r - RING_ROAD_CM).abs() < 130.0)
-        paving |= ((x.abs() < 160.0) | (y.abs() < 160.0)) & (r < BUILDING_RING_CM + 600.0)
-        x8, y8 = x / 800.0, y / 800.0
-        total = torch.zeros_like(x)
-        amp, norm, freq = 1.0, 0.0, 1.0
-        for k in range(2):  # fbm(..., octaves=2)
-            total = total + amp * value_noise(x8 * freq + 17.3 * k, y8 * freq - 9.1 * k, self.tables[k])
-            norm += amp
-            amp *= 0.5
-            freq *= 2.0
-        n = total / norm
-        out = torch.full(x.shape, TERRAIN, dtype=torch.uint8, device=x.device)
-        out = torch.where(n > 0.64, VEGETATION, out)
-        out = torch.where(n < 0.30, ROCK, out)
-        return torch.where(paving, PAVING, out).to(torch.uint8)
+def noise_tables(scene_seed: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The two lattice tables ``ground_class``'s fbm reads for ``scene_seed`` → [2, 256, 256]."""
+    seed = scene_seed * 7 + 1
+    return torch.tensor(np.stack([_table(seed + k) for k in range(2)]), dtype=dtype, device=device)
 
 
 class SceneTensors:
@@ -164,7 +164,7 @@ class SceneTensors:
         # 0 = ground (its class per pixel), then every primitive's class
         cls = np.concatenate([[0], b.cls, c.cls, s.cls]).astype(np.int64)
         self.cls = torch.as_tensor(cls, device=device)
-        self.ground = GroundClasses(scene.scene_seed, device, dtype)
+        self.tables = noise_tables(scene.scene_seed, device, dtype)
         lo = np.concatenate([b.lo, np.c_[c.xy - c.r[:, None], c.z0], s.c - s.r[:, None]])
         hi = np.concatenate([b.hi, np.c_[c.xy + c.r[:, None], c.z1], s.c + s.r[:, None]])
         self.bounds = np.stack([lo, hi], axis=1)
@@ -180,7 +180,7 @@ class SceneTensors:
         out.lo, out.hi, out.cyl, out.sph = self.lo[kb], self.hi[kb], self.cyl[kc], self.sph[ks]
         out.counts = (len(kb), len(kc), len(ks))
         out.cls = torch.cat([self.cls[:1], self.cls[1:][keep]])
-        out.ground, out.bounds, out.all = self.ground, self.bounds[keep.cpu().numpy()], keep
+        out.tables, out.bounds, out.all = self.tables, self.bounds[keep.cpu().numpy()], keep
         return out
 
 
@@ -229,26 +229,72 @@ def _sphere_t(o: torch.Tensor, d: torch.Tensor, sph: torch.Tensor) -> torch.Tens
 
 def render_static(scene: SceneTensors, rays: Rays) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest static surface per ray: (t [F,H,W] (inf = sky), class uint8 [F,H,W])."""
-    shape = rays.origin.shape[:-1]
-    o, d = rays.origin.reshape(-1, 3), rays.direction.reshape(-1, 3)
+    return static_hits(
+        rays.origin, rays.direction, scene.lo, scene.hi, scene.cyl, scene.sph, scene.cls, scene.tables
+    )
+
+
+def static_hits(
+    origin: torch.Tensor,
+    direction: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    cyl: torch.Tensor,
+    sph: torch.Tensor,
+    prim_cls: torch.Tensor,
+    tables: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``render_static`` on plain tensors (what ``torch.compile`` fuses on a GPU)."""
+    shape = origin.shape[:-1]
+    o, d = origin.reshape(-1, 3), direction.reshape(-1, 3)
     tg = torch.where(d[:, 2] < -1e-9, -o[:, 2] / d[:, 2], torch.inf)
     gx, gy = o[:, 0] + tg * d[:, 0], o[:, 1] + tg * d[:, 1]
     ground = torch.isfinite(tg) & (tg > 0) & (torch.hypot(gx, gy) < GROUND_EXTENT_CM)
     t_all = torch.cat(
         [
             torch.where(ground, tg, torch.inf)[:, None],
-            _box_t(o, d, scene.lo, scene.hi),
-            _cyl_t(o, d, scene.cyl),
-            _sphere_t(o, d, scene.sph),
+            _box_t(o, d, lo, hi),
+            _cyl_t(o, d, cyl),
+            _sphere_t(o, d, sph),
         ],
         dim=1,
     )
     t, which = t_all.min(dim=1)  # ties: the first primitive, as the reference's strict merges
     zero = torch.zeros((), dtype=gx.dtype, device=gx.device)
-    gcls = scene.ground(torch.where(ground, gx, zero), torch.where(ground, gy, zero))
-    cls = torch.where(which == 0, torch.where(ground, gcls, 0), scene.cls[which]).to(torch.uint8)
+    gcls = ground_classes(torch.where(ground, gx, zero), torch.where(ground, gy, zero), tables)
+    cls = torch.where(which == 0, torch.where(ground, gcls, 0), prim_cls[which]).to(torch.uint8)
     cls = torch.where(torch.isfinite(t), cls, 0)  # nothing hit: sky (class 0)
     return t.reshape(shape), cls.to(torch.uint8).reshape(shape)
+
+
+def static_pass(
+    nx: torch.Tensor,
+    ny: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    cyl: torch.Tensor,
+    sph: torch.Tensor,
+    prim_cls: torch.Tensor,
+    tables: torch.Tensor,
+    extent_cm: float,
+    cell_cm: float,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rays, the static layer and each pixel's seen-grid cell of a batch of frames: (origin,
+    direction [F,H,W,3], t [F,H,W], class uint8 [F,H,W], cell int64 [F,H,W])."""
+    rays = frame_rays(nx, ny, m, v)
+    t_static, cls = static_hits(rays.origin, rays.direction, lo, hi, cyl, sph, prim_cls, tables)
+    finite = torch.isfinite(t_static)
+    tz = torch.where(finite, t_static, 0.0)[..., None]
+    xy = (rays.origin + tz * rays.direction)[..., :2]
+    ij = torch.floor((xy + extent_cm) / cell_cm)
+    ok = torch.isfinite(ij).all(-1) & (ij >= 0).all(-1) & (ij < n).all(-1)
+    ij = torch.where(ok[..., None], ij, 0.0).to(torch.int64)
+    cells = torch.where(ok, ij[..., 0] * n + ij[..., 1], OFF_GRID)
+    cells = torch.where(finite, cells, SKY_CELL)
+    return rays.origin, rays.direction, t_static, cls, cells
 
 
 # --- the capsules -------------------------------------------------------------------------------
@@ -302,8 +348,14 @@ class TorchWorldRenderer:
         dtype: torch.dtype = torch.float64,
         seen_cell_cm: float = 100.0,
         extent_cm: float = GROUND_EXTENT_CM,
+        compile: bool | None = None,
     ):
         self.geometry, self.device, self.dtype = geometry, torch.device(device), dtype
+        # on a GPU the static pass is one torch.compile'd function over fixed shapes (every primitive
+        # of the scene, 4 frames: no culling, no recompiles); eager on a CPU (inductor's C++ builds
+        # cost minutes there) with the frame-level culling instead
+        self.compiled = self.device.type == "cuda" if compile is None else compile
+        self._static_pass: Any = torch.compile(static_pass, dynamic=False) if self.compiled else None
         g = geometry
         idx_y, idx_x = index_maps(g)
         # NDC of the source pixel centre each destination pixel samples, in f64 as the reference
@@ -355,7 +407,9 @@ class TorchWorldRenderer:
             )
         return np.flatnonzero(keep)
 
-    def capsule_window(self, capsules: np.ndarray, world_to_clip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def capsule_window(
+        self, capsules: np.ndarray, world_to_clip: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Destination rows [F, h] and columns [F, w] of one window size per batch that holds, in
         each frame, every pixel inside a capsule's culling box (``capsules.cast_capsules``'s boxes
         and margin): the capsule test runs on those rays only. Rays outside a box cannot hit it, and
@@ -392,7 +446,7 @@ class TorchWorldRenderer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids uint8 [F,H,W] unmasked, seen-grid cell int64 [F,H,W])."""
         st = self.scene(scene)
-        if cull:
+        if cull and not self.compiled:
             keep = self.visible(st, world_to_clip)
             st = st.select(torch.from_numpy(keep).to(self.device))
         F = len(world_to_clip)
@@ -417,26 +471,22 @@ class TorchWorldRenderer:
         """The batch on the device: cameras m, v [F,4,4], capsules [F,K,7], the capsule window's
         rows [F,h] / columns [F,w] (``capsule_window``)."""
         F = m.shape[0]
-        rays = frame_rays(self.nx, self.ny, m, v)
-        t_static, cls = render_static(scene, rays)
+        fn = self._static_pass if self._static_pass is not None and F == 4 else static_pass
+        args = (scene.lo, scene.hi, scene.cyl, scene.sph, scene.cls, scene.tables)
+        origin, direction, t_static, cls, cells = fn(
+            self.nx, self.ny, m, v, *args, self.extent_cm, self.cell_cm, self.n
+        )
         # characters: the nearest capsule, drawn where it is nearer than the scene (window only)
         fi = torch.arange(F, device=m.device)[:, None, None]
         win = (fi, rows[:, :, None], cols[:, None, :])
-        o, d = rays.origin[win].reshape(F, -1, 3), rays.direction[win].reshape(F, -1, 3)
+        o, d = origin[win].reshape(F, -1, 3), direction[win].reshape(F, -1, 3)
         t_cap, which = capsules_t(o, d, caps).min(dim=-1)  # [F,h·w]
         drawn = t_cap < t_static[win].reshape(F, -1)
         sub = cls[win].reshape(F, -1).to(torch.int64)
         ids = cls.clone()
-        ids[win] = torch.where(drawn, self.part_ids[which], sub).to(torch.uint8).reshape(rows.shape + cols.shape[1:])
-        # the seen-grid cell of each pixel's static surface
-        finite = torch.isfinite(t_static)
-        tz = torch.where(finite, t_static, 0.0)[..., None]
-        xy = (rays.origin + tz * rays.direction)[..., :2]
-        ij = torch.floor((xy + self.extent_cm) / self.cell_cm)
-        ok = torch.isfinite(ij).all(-1) & (ij >= 0).all(-1) & (ij < self.n).all(-1)
-        ij = torch.where(ok[..., None], ij, 0.0).to(torch.int64)
-        cells = torch.where(ok, ij[..., 0] * self.n + ij[..., 1], OFF_GRID)
-        cells = torch.where(finite, cells, SKY_CELL)
+        ids[win] = (
+            torch.where(drawn, self.part_ids[which], sub).to(torch.uint8).reshape(rows.shape + cols.shape[1:])
+        )
         return ids, cells
 
 

@@ -70,6 +70,7 @@ class LiveSession:
 
         if self._latent is not None:
             return
+        self.world.warm_up()
         rgb, _, _ = self.world.reset(with_rgb=self.anchor_rgb is None)
         anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
         assert anchor is not None

@@ -187,6 +187,16 @@ class LiveWorld:
             return ids[0], cells[0]
         return torch.cat(ids), torch.cat(cells)
 
+    def warm_up(self) -> None:
+        """Load-time: one cell-sized batch through the torch renderer (its compile on a GPU)."""
+        if self.torch is None:
+            return
+        stepper = RunStepper(self.spec, self.scene_of)
+        states = [stepper.frame(np.zeros(5, np.uint8)) for _ in range(FRAMES_PER_CELL)]
+        self.render_ids_torch(states)
+        if self.torch.device.type == "cuda":
+            torch.cuda.synchronize(self.torch.device)
+
     def render_rgb(self, state: FrameState) -> np.ndarray:
         """The frame's RGB at the destination geometry (source render, then crop + resize)."""
         g = self.geometry
@@ -289,7 +299,9 @@ def reference_ids(
     world = LiveWorld(ref, geometry)
     _, ids0, _ = world.reset(with_rgb=False)
     assert world.stepper is not None
-    states = [world.stepper.frame(check_block(b).astype(np.uint8)) for b in blocks for _ in range(FRAMES_PER_CELL)]
+    states = [
+        world.stepper.frame(check_block(b).astype(np.uint8)) for b in blocks for _ in range(FRAMES_PER_CELL)
+    ]
     jobs = [(ref, geometry, s) for s in states]
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
