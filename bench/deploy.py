@@ -345,6 +345,7 @@ class Bench:
         session.prepare()
         self.sync()
         out["warmup_s"] = time.perf_counter() - t0
+        out["runtime_warmup_s"] = rt.warmup_s  # of warmup_s: the throwaway session (graphs, autotune)
         check = name == "exact" and not self.world_ids
         # pass 1: what the player gets — no syncs but the runtime's own, every cell from cell 1
         t_start = time.perf_counter()
@@ -443,6 +444,7 @@ class Bench:
             variants.append(("numpy", "numpy", torch.float64))
         for label, renderer, dtype in variants:
             w = LiveWorld(WorldConfig(renderer=renderer), self.geo, device=self.dev, dtype=dtype)
+            w.warm_up()  # the compile at load, as a session's prepare does
             w.reset(with_rgb=False)
             n = self.args.world_numpy_cells if renderer == "numpy" else len(self.blocks)
             total, sim = [], []

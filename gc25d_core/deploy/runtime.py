@@ -238,6 +238,7 @@ class DeployRuntime:
         self.timing = False
         self.cell = 0
         self._valid_lut: torch.Tensor | None = None
+        self.warmup_s = 0.0
 
     # -- pieces ------------------------------------------------------------------------------------
 
@@ -332,6 +333,30 @@ class DeployRuntime:
         return [self._resolve()] if self._pending_decode is not None else []
 
     # -- the session -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def warm_up(self, anchor: torch.Tensor, ids0: np.ndarray, key0: str, cells: int | None = None) -> float:
+        """Load-time, on a GPU: a throwaway session (the anchor, then ``cells`` cells of frame 0's
+        ids; default: through every window fill level past the RoPE cap) so that a player's
+        session runs the fast path from its first cell: the CUDA graphs of every fill level
+        captured (``GraphedKVForward``, on the cache the next sessions reuse), the decode's
+        convolutions autotuned, compiled kernels built. Its frames and latents are dropped; the
+        next ``start`` reseeds the noise and resets the cache and the decoder. Returns seconds."""
+        if not self.cuda:
+            return 0.0
+        t0 = time.perf_counter()
+        spec = self.spec
+        n = cells if cells is not None else max(spec.rope_cap or 0, spec.sink + (spec.window or 0) - 1) + 2
+        ids = np.asarray(ids0)
+        ids4 = np.repeat(ids.reshape(-1, *ids.shape[-2:])[-1:], 4, axis=0)
+        self.start(anchor, ids, key0)
+        for _ in range(n):
+            self.step(ids4, key0)
+        self.flush()
+        self.sync()
+        self.cell = 0
+        self.warmup_s = time.perf_counter() - t0
+        return self.warmup_s
 
     @torch.no_grad()
     def start(self, anchor: torch.Tensor, ids0: np.ndarray, key0: str) -> list[np.ndarray]:

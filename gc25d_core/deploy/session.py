@@ -64,17 +64,19 @@ class LiveSession:
 
     def prepare(self) -> None:
         """Load-time work of ``start``: the world's frame 0 (its RGB is a CPU ray cast of seconds at
-        832×480) and the anchor's VAE encode. Both depend on the config alone, so they are kept and
-        every ``start`` after this only resets the world and prefills the anchor."""
+        832×480), the anchor's VAE encode (both depend on the config alone, so they are kept and
+        every ``start`` after this only resets the world and prefills the anchor), the world's
+        compile and the runtime's warm-up (``DeployRuntime.warm_up``: graphs, autotune)."""
         from gc25d_core.models.vae import encode_frames
 
         if self._latent is not None:
             return
         self.world.warm_up()
-        rgb, _, _ = self.world.reset(with_rgb=self.anchor_rgb is None)
+        rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)
         anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
         assert anchor is not None
         self._latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
+        self.runtime.warm_up(self._latent, ids0, key0)  # graphs + autotune (GPU), before any frame
 
     def start(self) -> list[np.ndarray]:
         self.prepare()
