@@ -514,12 +514,13 @@ class Bench:
         return out
 
     def world(self) -> dict[str, Any]:
-        """The code world's CPU cost per cell at the benchmark's geometry (one core, numpy)."""
-        from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
+        """The code world's cost per cell at the benchmark's geometry (``--world``: the torch
+        renderer on the bench's device, or the numpy reference on one core)."""
         from gc25d_core.deploy.world import LiveWorld, WorldConfig
 
-        geo = FULL_GEOMETRY if self.args.dims == "full" else TINY_GEOMETRY
-        w = LiveWorld(WorldConfig(), geo)
+        geo = self.geo
+        w = LiveWorld(WorldConfig(renderer=self.args.world), geo, device=self.dev)
+        w.warm_up()
         t0 = time.perf_counter()
         w.reset(with_rgb=False)
         reset_s = time.perf_counter() - t0
@@ -527,6 +528,7 @@ class Bench:
         for i in range(self.args.world_cells):
             t0 = time.perf_counter()
             w.advance(np.array([1 + i % 4, 0, 0, 0, 0], np.uint8))
+            self.sync()
             times.append(time.perf_counter() - t0)
         return {"geometry": [geo.dst_width, geo.dst_height], "reset_s": reset_s, "s_per_cell": stats(times)}
 

@@ -377,8 +377,9 @@ class DeployRuntime:
         return self._decode(anchor.to(self.device))
 
     @torch.no_grad()
-    def step(self, ids4: np.ndarray, key: str, world_s: float = 0.0) -> CellOut:
-        """Denoise + commit the next cell under its 4 frames of ids and its prompt, then decode."""
+    def step(self, ids4: np.ndarray | torch.Tensor, key: str, world_s: float = 0.0) -> CellOut:
+        """Denoise + commit the next cell under its 4 frames of ids (host, or already on the
+        device) and its prompt, then decode."""
         t0 = time.perf_counter()
         times = CellTimes(world=world_s)
         self.forward.on = self.timing

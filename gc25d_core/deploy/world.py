@@ -228,9 +228,11 @@ class LiveWorld:
             rgb = self.render_rgb(state)
             self._frame0 = (ids, cells, rgb)
         if self.torch is not None:
+            assert isinstance(cells, torch.Tensor)
             self.grid = SeenGrid(self.torch.n, self.torch.device)
             self.grid.mark(cells)
         else:
+            assert isinstance(cells, np.ndarray)
             self.memory.mark(cells)
         self.frames, self.last_state = 1, state
         return (rgb if with_rgb else None), ids[None], block_to_key(idle)
