@@ -52,6 +52,7 @@ def agreement(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return same / sum(x.size for x in a)
 
 
+@pytest.mark.slow
 def test_torch_world_matches_the_reference_over_240_cells():
     torch.manual_seed(0)
     blocks = varied_blocks(240)
