@@ -128,10 +128,10 @@ gpu_line() {
 SUITES: dict[str, Suite] = {
     "deploy": Suite(
         "nvidia-h200",
-        "the live deploy cell at full 5B dims: the exact path beside CUDA graphs + fast decode (+ side stream)",
-        """timeout 560 python3 bench/deploy.py --device cuda --dims full \\
-  --levers exact,graphs,graphs_all,graphs_all_stream --cells 100 --parts 8 --max-lever-s 40 \\
-  --world-cells 0 --out "$OUT/deploy.json" > "$OUT/deploy.log" 2>&1
+        "the live loop at full 5B dims (code world on the GPU, 240 cells of varied actions, every cell "
+        "timed from cell 1): the exact path beside the CLI's fast path (+ side stream); world ids vs the reference",
+        """timeout 560 python3 bench/deploy.py --device cuda --dims full --max-lever-s 150 \\
+  --out "$OUT/deploy.json" > "$OUT/deploy.log" 2>&1
 tail -c 3000 "$OUT/deploy.log\"""",
     ),
     "small": Suite(
