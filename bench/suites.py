@@ -518,12 +518,12 @@ class Suite:
 SUITES: dict[str, Suite] = {
     "deploy": Suite(
         "nvidia-h200",
-        "the live deploy cell at full 5B dims: the exact path beside CUDA graphs + fast decode (+ side stream)",
+        "the live loop at full 5B dims (code world on the GPU, 240 cells of varied actions, every cell "
+        "timed from cell 1): the exact path beside the CLI's fast path (+ side stream); world ids vs the reference",
         (
             Step(
                 py(
-                    "-m bench.speed.deploy --device cuda --dims full --levers exact,graphs,graphs_all,graphs_all_stream"
-                    " --cells 100 --parts 8 --max-lever-s 40 --world-cells 0 --out {OUT}/deploy.json"
+                    "-m bench.speed.deploy --device cuda --dims full --max-lever-s 150 --out {OUT}/deploy.json"
                 ),
                 560,
                 log="deploy.log",
