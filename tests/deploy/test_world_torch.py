@@ -123,7 +123,7 @@ def test_parallel_reference_is_the_reference():
 @pytest.mark.gpu
 def test_torch_world_on_cuda_at_full_size_matches_the_reference():
     """The compiled static pass on CUDA at 832×480 over a 240-cell session; its speed is printed
-    (bench/deploy.py records it: a benchmark, not a timed test)."""
+    (bench/speed/deploy.py records it: a benchmark, not a timed test)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     import time
