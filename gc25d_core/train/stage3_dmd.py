@@ -34,6 +34,7 @@ from typing import Any, cast
 import torch
 
 from gc25d_core.distributed import all_reduce, broadcast_ints
+from gc25d_core.flow import noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.sem_cond import cell_frame_slice
 from gc25d_core.train.causal_run import CausalRun
@@ -201,8 +202,7 @@ class Stage3Run(CausalRun):
         t = float(self.schedule.timesteps[int(self.schedule.sample_index(gen)[0])])
         t = min(max(t, sec.t_min), sec.t_max)
         noise = draw_noise(x.shape, gen, self.device)
-        sigma = float(self.schedule.sigma(t))
-        x_t = (1.0 - sigma) * x + sigma * noise
+        x_t = noise_at_sigma(x, noise, float(self.schedule.sigma(t)))
         x_t[:, :, 0] = x[:, :, 0]  # the anchor: clean, t = 0 (TI2V), ε unused
         mask = torch.ones(1, 1, x.shape[2], 1, 1, dtype=torch.bool, device=self.device)
         mask[:, :, 0] = False
@@ -213,7 +213,7 @@ class Stage3Run(CausalRun):
     ) -> torch.Tensor:
         """x̂0 of a bidirectional score network (TI2V: cell 0 at t = 0)."""
         v = net(**self.kwargs(x_t, t, keys, ids)).float()
-        return x_t - float(self.schedule.sigma(t)) * v
+        return x0_at_sigma(x_t, v, float(self.schedule.sigma(t)))
 
     # -- the optimizer phases -----------------------------------------------------------------------
 
@@ -246,7 +246,7 @@ class Stage3Run(CausalRun):
         return Micro(loss, {"critic_loss": loss.detach() / self.section.critic_steps}, {})
 
     def generator_micro(
-        self, samples: list[TrainingSample], gen: torch.Generator, step: int, _: int
+        self, samples: list[TrainingSample], gen: torch.Generator, step: int, update: int
     ) -> Micro:
         """L_G: the DMD surrogate on a rollout whose last K exit forwards hold the graph."""
         cells, exit_step = self._draw(step, self.section.critic_steps)
