@@ -159,7 +159,7 @@ def install(stage: str) -> None:
         _timed(Run, "rollout", lambda self, *a, grad=False, **k: "rollout_grad" if grad else "rollout_nograd")
         _timed(Run, "_score", lambda self, net, *a, **k: "real_fwd" if net is self.real else "critic_fwd")
         # a phase's micro-step: its forward(s), backward and optimizer step (train.denoiser.Phase)
-        _timed(Run, "_micro_step", lambda self, phase, *a, **k: f"{phase.stream}_step")
+        _timed(Run, "micro_step", lambda self, phase, *a, **k: f"{phase.stream}_step")
 
 
 def main() -> None:

@@ -199,6 +199,8 @@ class DenoiserRun(StageRun):
     def denoiser_micro(
         self, samples: list[TrainingSample], gen: torch.Generator, step: int, update: int
     ) -> Micro:
+        """The one phase's micro-batch: ``micro_loss``, the model's input statistics of that forward
+        (its last) and the samples' dropout and masking counts."""
         out = self.micro_loss(samples, gen)
         st, zero = last_stats(self.model.module), torch.zeros((), device=self.device)
         sums = {
@@ -237,13 +239,13 @@ class DenoiserRun(StageRun):
                     data_s = time.perf_counter() - t_data
                     keys_done += [k for k, _ in items]
                     samples = [s for _, s in items]
-                    self._micro_step(phase, step, (update, micro), samples, data_s, sums)
+                    self.micro_step(phase, step, (update, micro), samples, data_s, sums)
             seconds[phase.stream] = self.sync() - t0
         self.data.mark_consumed(keys_done)
         self.after_optimizer_step(step)
         return self.step_record(sums.reduce(), seconds)
 
-    def _micro_step(
+    def micro_step(
         self,
         phase: Phase,
         step: int,
