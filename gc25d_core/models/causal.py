@@ -22,7 +22,7 @@ rollout that committed the clean cells 0..i-1 at t=0 and then ran noisy cell i.
 Rollout (deploy and the stage-3 self-rollout): prefill cell 0 at t=0; per cell, ``len(timesteps)``
 denoise forwards (x0 = x - sigma*v, re-noise to the next sigma with fresh noise), then a commit
 forward of x0 at t=0 writes the cell's K/V (no noisy-step K/V are ever cached; the cache is
-written under no_grad). ``sigma = t / 1000``; the timestep axis itself comes from the flow module.
+written under no_grad). ``sigma = t / 1000`` (flow.axis_sigma); the timestep axis itself comes from the flow module.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from gc25d_core.flow import NUM_TRAIN_TIMESTEPS
+from gc25d_core.flow import axis_sigma, noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
 
 if TYPE_CHECKING:
@@ -804,10 +804,6 @@ class KVFoldAttention:
 # rollout (deploy, stage-3 self-rollout, tests)
 
 
-def sigma_of(t: float) -> float:
-    return float(t) / NUM_TRAIN_TIMESTEPS
-
-
 def _noise_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
 
@@ -858,13 +854,12 @@ def denoise_cell(
                 extra["use_gradient_checkpointing"] = True
             v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False, **extra)
             assert v is not None
-            x0 = x - sigma_of(t) * v
+            x0 = x0_at_sigma(x, v, axis_sigma(t))
         if record is not None:
             record.append({"cell": cell, "step": k, "x": x.detach(), "t": t, "v": v.detach()})
         if k < exit_k:
             eps = noise[k] if noise is not None else _noise_like(x, generator)
-            s_next = sigma_of(timesteps[k + 1])
-            x = ((1.0 - s_next) * x0 + s_next * eps).detach()
+            x = noise_at_sigma(x0, eps, axis_sigma(timesteps[k + 1])).detach()
     if not commit:
         return x0
     with torch.no_grad():
