@@ -108,6 +108,9 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
     assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
     assert opts(cuda=False) == exact  # a CPU runs the exact path
     assert opts("--decode-stream", cuda=True).decode_stream
+    assert opts("--decode-graph", cuda=True).decode_graph
     assert not opts("--fold-commit", cuda=True).cuda_graphs  # a fold runs on the KVCache
     with pytest.raises(ValueError, match="--exact contradicts"):
         opts("--exact", "--cuda-graphs", cuda=True)
+    with pytest.raises(ValueError, match="--exact contradicts"):
+        opts("--exact", "--decode-graph", cuda=True)
