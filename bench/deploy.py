@@ -263,7 +263,8 @@ class Bench:
         out["cached_cells"] = len(rt.streamer.cache) if rt.streamer.cache is not None else 0
         if name in a.profile:
             out["profile"], cell = self.profile(rt, cell, name, latents)
-        deadline = time.perf_counter() + a.max_lever_s
+        limit = a.max_exact_s if name == "exact" and a.max_exact_s is not None else a.max_lever_s
+        deadline = time.perf_counter() + limit
         e2e: list[float] = []
         for _ in range(a.cells):
             ids, key = self.cell_inputs(cell)
@@ -363,7 +364,8 @@ class Bench:
         walls: list[float] = []
         latents: list[torch.Tensor] = []
         first_frame: float | None = None
-        deadline = time.perf_counter() + a.max_lever_s
+        limit = a.max_exact_s if name == "exact" and a.max_exact_s is not None else a.max_lever_s
+        deadline = time.perf_counter() + limit
         for i, block in enumerate(self.blocks):
             t0 = time.perf_counter()
             o = session.step(block)
@@ -378,7 +380,7 @@ class Bench:
             if check and i < a.world_check:
                 self.world_ids.append(o.ids)
             if time.perf_counter() > deadline:
-                out["stopped_early"] = f"max_lever_s={a.max_lever_s} after {i + 1} cells"
+                out["stopped_early"] = f"time limit {limit} s after {i + 1} cells"
                 break
         rest = rt.flush()
         if first_frame is None and rest:
@@ -781,6 +783,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--warmup", type=int, default=2, help="cells after the window is full, before timing")
     p.add_argument("--max-lever-s", type=float, default=120.0, help="stop a lever's e2e loop after this")
+    p.add_argument(
+        "--max-exact-s",
+        type=float,
+        default=None,
+        help="loop: the exact lever's own limit (the oracle compared over the cells it ran)",
+    )
     p.add_argument("--world-cells", type=int, default=3, help="steady: code-world cells timed (0: skip)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     p.add_argument(
@@ -909,6 +917,15 @@ def run_loop(
         "seed": args.action_seed,
         "distinct_blocks": len({b.tobytes() for b in bench.blocks}),
     }
+    if args.events:  # action-to-photon through the play server, before the levers (one model)
+        try:
+            result["serve"] = bench.serve_latency(args.serve_lever, args.events)
+        except Exception as e:
+            result["serve"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+        print(f"[bench] serve: {result['serve'].get('latency_s')}", file=sys.stderr, flush=True)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
     for name in chosen:
         try:
             result["levers"][name] = bench.run_loop(name)
@@ -930,14 +947,6 @@ def run_loop(
             file=sys.stderr,
             flush=True,
         )
-    if args.events:  # action-to-photon through the play server, after the levers (one model)
-        try:
-            result["serve"] = bench.serve_latency(args.serve_lever, args.events)
-        except Exception as e:
-            result["serve"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
-        print(f"[bench] serve: {result['serve'].get('latency_s')}", file=sys.stderr, flush=True)
-        if args.out is not None:
-            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
     for key, fn in (("world_speed", bench.world_speed), ("world_check", bench.world_check)):
         if key == "world_check" and not bench.world_ids:
             continue

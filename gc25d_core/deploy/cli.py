@@ -119,7 +119,9 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     decode: the exact path's latents, bench/deploy.py's whole-loop figures) unless ``--exact``;
     on a CPU the exact path (the levers are GPU ones)."""
     if args.exact and (args.cuda_graphs or args.fast_decode or args.decode_stream or args.decode_graph):
-        raise ValueError("--exact contradicts --cuda-graphs / --fast-decode / --decode-graph / --decode-stream")
+        raise ValueError(
+            "--exact contradicts --cuda-graphs / --fast-decode / --decode-graph / --decode-stream"
+        )
     fast = cuda and not args.exact
     decode_fast = args.fast_decode or fast
     return RuntimeOptions(

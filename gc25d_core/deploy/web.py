@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections import deque
 import ipaddress
 import json
 import re
 import time
+from collections import deque
 from collections.abc import Iterable
 from socket import AF_INET, AF_INET6, getfqdn, gethostname
 from typing import Any
