@@ -35,8 +35,9 @@ test models), the real runtime (gc25d_core.deploy.runtime.DeployRuntime: the cod
 Levers: compile (fused RMSNorm + torch.compile'd blocks), fold (commit folded into the next cell's
 first forward), vae_bf16_stream (bf16 decode on a second CUDA stream), cudagraphs (compile mode
 reduce-overhead), best (compile + fold + vae_bf16_stream), static (preallocated KV), graphs (CUDA
-graphs of the forwards), graphs_vae (graphs + bf16 lean decode: the CLI's --cuda-graphs
---fast-decode), graphs_vae_stream (the same, decode on the side stream), ... A lever that fails
+graphs of the forwards), graphs_vae (graphs + bf16 lean decode: --cuda-graphs --fast-decode),
+graphs_all (that + the decode's CUDA graph: the CLI's default on CUDA), graphs_vae_stream (graphs_vae,
+decode on the side stream), ... A lever that fails
 records its error. Real time is <= 0.25 s per cell (16 fps), the goal <= 0.125 s.
 
     python bench/deploy.py --device cuda --dims full                   # the H200 live loop (< 9 min)
@@ -54,7 +55,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -82,8 +83,9 @@ LEVERS = (
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "vae_bf16_stream", "static")
 CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
-# the live loop's default comparison: the exact path, the CLI's fast path, that with the side stream
-LOOP_LEVERS = ("exact", "graphs_vae", "graphs_vae_stream")
+# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all), that without
+# the decode graph, and graphs_vae with the side-stream decode
+LOOP_LEVERS = ("exact", "graphs_all", "graphs_vae", "graphs_vae_stream")
 BUDGET_S = 0.25  # one cell = 4 frames at 16 fps
 
 
@@ -493,7 +495,10 @@ class Bench:
         from gc25d_core.deploy.world import LiveWorld, WorldConfig
 
         out: dict[str, Any] = {"geometry": [self.geo.dst_width, self.geo.dst_height]}
-        variants = [("torch_fp64", "torch", torch.float64), ("torch_fp32", "torch", torch.float32)]
+        variants: list[tuple[str, Literal["torch", "numpy"], torch.dtype]] = [
+            ("torch_fp64", "torch", torch.float64),
+            ("torch_fp32", "torch", torch.float32),
+        ]
         if self.args.world_numpy_cells:
             variants.append(("numpy", "numpy", torch.float64))
         for label, renderer, dtype in variants:
@@ -588,7 +593,7 @@ class Bench:
 
 
 # what a player's fingers do: key sets held one after another (the page sends one event per change)
-HUMAN_KEYS = (
+HUMAN_KEYS: tuple[list[str], ...] = (
     ["w"],
     ["w", "shift"],
     ["d"],
@@ -750,7 +755,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--serve-lever",
         default=None,
-        help="the play server's lever (default: graphs_vae on cuda, the CLI's; exact on cpu)",
+        help="the play server's lever (default: graphs_all on cuda, the CLI's; exact on cpu)",
     )
     p.add_argument(
         "--url",
@@ -810,7 +815,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.write_text(json.dumps(result))
         return result
     args.events = args.events if args.events is not None else (60 if args.mode == "serve" else 0)
-    args.serve_lever = args.serve_lever or ("graphs_vae" if args.device == "cuda" else "exact")
+    args.serve_lever = args.serve_lever or ("graphs_all" if args.device == "cuda" else "exact")
     if args.serve_lever not in LEVERS:
         p.error(f"unknown --serve-lever {args.serve_lever}; known: {list(LEVERS)}")
     loop = args.mode != "steady"

@@ -34,6 +34,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from socket import AF_INET, AF_INET6, getfqdn, gethostname
 from typing import Any
 
@@ -41,7 +42,7 @@ import cv2
 import numpy as np
 
 from gc25d_core.deploy.actions import keys_to_block
-from gc25d_core.preview import colorize_ids, png_bytes
+from gc25d_core.preview import colorize_ids
 
 CELL_S = 0.25  # 4 frames at 16 fps
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -50,14 +51,25 @@ _HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?|\[[0-9a-f:.]+\]")
 _ORIGIN = re.compile(r"(https?)://([a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::(\d{1,5}))?")
 
 
+# the ids' colours as a BGR lookup table: cv2.LUT colours a frame without holding the GIL
+_IDS_LUT_BGR = np.ascontiguousarray(colorize_ids(np.arange(256, dtype=np.uint8))[:, ::-1]).reshape(1, 256, 3)
+# a cell's 8 images (4 frames, 4 ids) are encoded at once: the encode sits between the cell's
+# frames and the page, so it is on every key press's path to the screen (cv2 releases the GIL)
+_ENCODERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gc25d-encode")
+
+
 def _jpeg(rgb: np.ndarray) -> str:
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90])
     assert ok
     return base64.b64encode(buf.tobytes()).decode()
 
 
-def _png(rgb: np.ndarray) -> str:
-    return base64.b64encode(png_bytes(rgb)).decode()
+def _ids_png(ids: np.ndarray) -> str:
+    """uint8 ids [H, W] -> their colours (``preview.colorize_ids``) as PNG, base64."""
+    bgr = cv2.LUT(cv2.merge([np.ascontiguousarray(ids)] * 3), _IDS_LUT_BGR)
+    ok, buf = cv2.imencode(".png", bgr)
+    assert ok
+    return base64.b64encode(buf.tobytes()).decode()
 
 
 def cell_message(
@@ -68,16 +80,24 @@ def cell_message(
 ) -> str:
     """One message: the decoded ``clips`` in order, each (frames RGB uint8 [T, H, W, 3], the ids
     of its cell [>= T, H, W], the key event its first frame is the first to reflect, or None)."""
-    frames: list[str] = []
-    ids: list[str] = []
+    frames: list[Future[str]] = []
+    ids: list[Future[str]] = []
     acks: list[dict[str, int]] = []
     for rgb, cell_ids, event in clips:
         if event is not None:
             acks.append({"frame": len(frames), "event": event})
-        frames += [_jpeg(f) for f in rgb]
-        ids += [_png(colorize_ids(i)) for i in cell_ids[-len(rgb) :]]
+        frames += [_ENCODERS.submit(_jpeg, f) for f in rgb]
+        ids += [_ENCODERS.submit(_ids_png, i) for i in cell_ids[-len(rgb) :]]
     return json.dumps(
-        {"type": "cell", "cell": cell, "key": key, "frames": frames, "ids": ids, "acks": acks, "times": times}
+        {
+            "type": "cell",
+            "cell": cell,
+            "key": key,
+            "frames": [f.result() for f in frames],
+            "ids": [i.result() for i in ids],
+            "acks": acks,
+            "times": times,
+        }
     )
 
 
