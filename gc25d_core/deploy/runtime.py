@@ -363,7 +363,7 @@ class DeployRuntime:
         """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
         if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
             raise ValueError(f"anchor latent must be [1, 48, 1, h, w], got {list(anchor.shape)}")
-        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype, graph=self.decoder.graph)
+        self.decoder.reset()  # a decode graph captured by warm_up is kept: replayed from cell 3
         self._pending_decode = None
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
