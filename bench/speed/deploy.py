@@ -40,10 +40,10 @@ graphs_all (that + the decode's CUDA graph: the CLI's default on CUDA), graphs_v
 decode on the side stream), ... A lever that fails
 records its error. Real time is <= 0.25 s per cell (16 fps), the goal <= 0.125 s.
 
-    python bench/deploy.py --device cuda --dims full                   # the H200 live loop (< 9 min)
-    python bench/deploy.py --device cuda --dims full --mode steady     # steady-state cell, all levers
-    python bench/deploy.py --device cpu --dims tiny --cells 8 --parts 3 # CPU smoke
-    python bench/deploy.py --device cuda --dims full --mode serve --events 60   # action-to-photon
+    python -m bench.speed.deploy --device cuda --dims full                   # the H200 live loop (< 9 min)
+    python -m bench.speed.deploy --device cuda --dims full --mode steady     # steady-state cell, all levers
+    python -m bench.speed.deploy --device cpu --dims tiny --cells 8 --parts 3 # CPU smoke
+    python -m bench.speed.deploy --device cuda --dims full --mode serve --events 60   # action-to-photon
 """
 
 from __future__ import annotations

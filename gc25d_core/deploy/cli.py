@@ -117,7 +117,7 @@ def session_device(device: str | None, preset_device: str) -> str:
 
 def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     """The session's options: on CUDA the fast path (CUDA graphs of every cell + the lean bf16
-    decode + its CUDA graph, bench/deploy.py's lever graphs_all: the exact path's latents, the
+    decode + its CUDA graph, bench/speed/deploy.py's lever graphs_all: the exact path's latents, the
     whole-loop figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
     The side-stream decode runs without the decode graph unless ``--decode-graph`` asks for it
     (the pair is not measured)."""

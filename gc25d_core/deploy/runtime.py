@@ -8,7 +8,7 @@ Per cell the shared 4-step sampler runs (``models.causal.CausalStreamer`` / ``de
 ``KVCache``: the code stage 3 trains with): the export's recorded denoise axis, sink / window / RoPE
 cap, the commit at t = 0 into the cache; then ``StreamingDecoder`` decodes the cell's 4 frames.
 Noise comes from one generator seeded per session, so a seed and a block sequence give the same
-frames. Options (each measured against this exact path by bench/deploy.py): ``fold_commit`` (the
+frames. Options (each measured against this exact path by bench/speed/deploy.py): ``fold_commit`` (the
 commit rides on the next cell's first forward), ``compile`` (torch.compile of the block body),
 ``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
 second CUDA stream while cell k + 1 denoises; frames then come out one cell later).

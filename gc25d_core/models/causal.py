@@ -148,7 +148,7 @@ def flex_block_mask(group_mask_GG: torch.Tensor, tokens_per_group: int):
 
 def _flex_attention(q, k, v, block_mask, kernel_options: dict[str, Any] | None = None):
     """Flex attention, compiled on CUDA; ``kernel_options``: torch's FlexKernelOptions (block sizes,
-    TMA, the FlashAttention-4 backend), measured per shape in bench/attention.py ``--mask tf``."""
+    TMA, the FlashAttention-4 backend), measured per shape in bench/speed/attention.py ``--mask tf``."""
     from torch.nn.attention.flex_attention import flex_attention
 
     key = q.device.type
@@ -603,7 +603,7 @@ class GraphedKVForward:
     all at load. Everything else (the anchor prefill, a fold, another cache, a CPU, grad) runs
     the model eagerly.
     The graphs compute what the eager forward computes on the same buffers (tests/deploy checks
-    the eager static path equals the KVCache one; bench/deploy.py records the replay's error).
+    the eager static path equals the KVCache one; bench/speed/deploy.py records the replay's error).
     A capture that fails turns the graphs off and says why (``disabled``)."""
 
     def __init__(self, model: Any):
