@@ -47,13 +47,6 @@ from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
 TENSORBOARD_DIR = "tensorboard"
-# stage -> (module, StageRun class): imported when run (each stage file imports what it needs)
-STAGE_RUNS = {
-    "sft": ("gc25d_core.train.sft", "SftRun"),
-    "stage1_tf": ("gc25d_core.train.stage1_tf", "Stage1Run"),
-    "stage2_cd": ("gc25d_core.train.stage2_cd", "Stage2Run"),
-    "stage3_dmd": ("gc25d_core.train.stage3_dmd", "Stage3Run"),
-}
 
 
 class StageRun:
@@ -295,10 +288,9 @@ def run_stage(
 ) -> dict[str, Any]:
     """Train (or resume) ``stage`` in ``run_dir`` up to ``max_steps`` (default its section's); every
     rank calls it inside an initialised process group. Returns the summary rank 0 also materializes."""
-    import importlib
-
+    from gc25d_core.stages import stage as stage_entry
     from gc25d_core.train.presets import stage_config
 
-    module, name = STAGE_RUNS[stage]
-    run_cls = getattr(importlib.import_module(module), name)
+    # the table names the run class by import path: only the stage that runs imports its math
+    run_cls = stage_entry(stage).run_class()
     return run_cls(cfg, stage_config(cfg, stage), Path(run_dir), reporter, fresh=fresh).run(max_steps)
