@@ -170,7 +170,7 @@ class DenoiserRun(StageRun):
                 self.model.backward(out.loss)
             grad_norm = self.model.step(boundary)
             st, zero = last_stats(self.model.module), torch.zeros((), device=self.device)
-            norm = grad_norm.to(self.device) / self.world if grad_norm is not None else zero
+            norm = grad_norm.to(self.device) / self.world_size if grad_norm is not None else zero
             sums.add_device([out.loss, out.mse, st.get("sem_rms", zero), st.get("x_rms", zero), norm])
             sums.add_host(
                 [
@@ -186,7 +186,7 @@ class DenoiserRun(StageRun):
         self.data.mark_consumed(keys_done)
         self.after_optimizer_step(step)
         tot = sums.reduce()
-        n_micro, n_samples = ga * self.world, tot["samples"]
+        n_micro, n_samples = ga * self.world_size, tot["samples"]
         lr, cond_lr = self.model.lrs()
         return {
             "loss": tot["loss"] / n_micro,
@@ -201,7 +201,7 @@ class DenoiserRun(StageRun):
             "masked_static_frac": tot["masked_frac"] / tot["masked"] if tot["masked"] else 0.0,
             # host seconds a rank waited for its micro-batches (mean over ranks): the data pipeline
             # keeps up while this stays near 0
-            "data_wait_s": tot["data_s"] / self.world,
+            "data_wait_s": tot["data_s"] / self.world_size,
             "grad_norm": tot["grad_norm"],  # the global norm (the same on every rank; averaged)
             "lr": lr,
             "cond_lr": cond_lr,

@@ -61,7 +61,7 @@ class StageRun:
         self.cfg, self.section = cfg, section
         self.run_dir = Path(run_dir)
         self.rep = reporter
-        self.rank, self.world = global_rank(), world_size()
+        self.rank, self.world_size = global_rank(), world_size()
         self.fresh = fresh
         self.schedule: FlowSchedule = WAN_SCHEDULE
         self.device = pick_device(cfg)
@@ -103,7 +103,7 @@ class StageRun:
             "init": self._init_identity(),
             "engine": self.section.engine,
             "precision": self.precision,
-            "world_size": self.world,
+            "world_size": self.world_size,
             "micro_batch": self.section.micro_batch,
             "grad_accum": self.section.grad_accum,
             "seed": self.section.seed,
@@ -195,9 +195,9 @@ class StageRun:
         sec = self.section
         target = sec.max_steps if max_steps is None else max_steps
         progress = self.rep.progress(total=target, unit="steps", every_s=10.0, start=start_step)
-        samples_per_step = sec.micro_batch * sec.grad_accum * self.world
+        samples_per_step = sec.micro_batch * sec.grad_accum * self.world_size
         self.rep.log(
-            f"{self.name} {sec.engine} {self.precision} on {self.world} x {self.device.type}: steps "
+            f"{self.name} {sec.engine} {self.precision} on {self.world_size} x {self.device.type}: steps "
             f"{start_step} -> {target}, {samples_per_step} clips/step{self.describe()}"
         )
         last_val: dict[str, float] = {}
@@ -260,7 +260,7 @@ class StageRun:
             "resumed_from_step": start_step,
             "engine": self.section.engine,
             "precision": self.precision,
-            "world_size": self.world,
+            "world_size": self.world_size,
             "exports": exports,
             "state_slots": [step_name(s) for s in self.state.steps()],
             "last_val": last_val,

@@ -266,7 +266,9 @@ class Stage3Run(CausalRun):
         gen_loss, norm, t = self.generator_step(step)
         t2 = self._sync()
         zero = torch.zeros((), device=self.device)
-        sums.add_device([zero, gen_loss, norm.to(self.device) / self.world if norm is not None else zero])
+        sums.add_device(
+            [zero, gen_loss, norm.to(self.device) / self.world_size if norm is not None else zero]
+        )
         sums.add_host([t])
         self.data.mark_consumed(self._keys_done)
         tot = sums.reduce()
@@ -276,15 +278,15 @@ class Stage3Run(CausalRun):
         hi = all_reduce([-cells, -exit_step], self.device, op="min")
         lr, cond_lr = self.model.lrs()
         critic_lr = self.critic.lrs()[0]
-        gen = tot["gen_loss"] / self.world
+        gen = tot["gen_loss"] / self.world_size
         return {
             # every stage logs ``loss`` (TensorBoard's train/loss): here the generator's DMD loss, the
             # objective the exported student minimises; the critic's flow loss stays beside it
             "loss": gen,
-            "critic_loss": tot["critic_loss"] / self.world,
+            "critic_loss": tot["critic_loss"] / self.world_size,
             "gen_loss": gen,
             "grad_norm": tot["grad_norm"],
-            "t_mean": tot["t"] / self.world,
+            "t_mean": tot["t"] / self.world_size,
             "lr": lr,
             "cond_lr": cond_lr,
             "critic_lr": critic_lr,
