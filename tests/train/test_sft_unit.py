@@ -60,13 +60,13 @@ def test_presets_and_generated_deepspeed_config():
     assert v10.val.timesteps == (200.0, 500.0, 800.0) and v10.val.num_clips == 16 and v10.state_slots == 2
     assert (v10.dropout.text, v10.dropout.cond, v10.dropout.unknown_mask) == (0.1, 0.05, 0.5)
 
-    def ds_of(sec: SftConfig, world: int, precision: str):
+    def ds_of(sec: SftConfig, world_size: int, precision: str):
         return deepspeed_config(
             sec.zero,
             micro_batch=sec.micro_batch,
             grad_accum=sec.grad_accum,
             grad_clip=sec.optim.grad_clip,
-            world=world,
+            world_size=world_size,
             precision=precision,
         )
 
