@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
 from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config, StageConfig
-from gc25d_core.train.handoff import FINAL, TEACHER
 
 Export = Literal["export", "ema"]
+# the hand-off files (gc25d_core.train.handoff's FINAL and TEACHER, which tests/test_stage_table.py
+# checks; not imported from there: handoff imports the run config, which is built from this table)
+HandoffFile = Literal["final.json", "teacher.json"]
+FINAL: HandoffFile = "final.json"
+TEACHER: HandoffFile = "teacher.json"
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class Stage:
     section: type[StageConfig]
     run: str
     description: str
-    handoff: str = FINAL
+    handoff: HandoffFile = FINAL
     init_from: Upstream | None = None
     real_from: Upstream | None = None
     feeds_deploy: bool = False
@@ -125,7 +129,7 @@ def check_table(stages: tuple[Stage, ...]) -> None:
             raise ValueError(f"stage {s.name}: section {s.section!r} is not a StageConfig subclass")
         if s.run.count(":") != 1:
             raise ValueError(f"stage {s.name}: run={s.run!r} is not 'module:Class'")
-        if s.handoff not in (FINAL, TEACHER):
+        if s.handoff not in get_args(HandoffFile):
             raise ValueError(f"stage {s.name}: handoff={s.handoff!r} ({FINAL} | {TEACHER})")
         for what, up in (("init_from", s.init_from), ("real_from", s.real_from)):
             if up is not None and up.stage not in seen:

@@ -15,12 +15,18 @@ from typing import Any, get_args
 
 import pytest
 
+from gc25d_core import stages as table
 from gc25d_core.config import Gc25dConfig, RootConfig
-from gc25d_core.stages import STAGES, Stage, Upstream, check_table, stage
+from gc25d_core.stages import STAGES, HandoffFile, Stage, Upstream, check_table, stage
 from gc25d_core.train.config import StageConfig
 from gc25d_core.train.handoff import FINAL, TEACHER
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_table_names_the_handoff_files_as_handoff_writes_them():
+    assert (table.FINAL, table.TEACHER) == (FINAL, TEACHER)
+    assert set(get_args(HandoffFile)) == {FINAL, TEACHER}
 
 
 def test_the_run_config_has_one_typed_optional_section_per_stage_in_table_order():

@@ -24,7 +24,7 @@ from gc25d_core.vocab import UNKNOWN
 from tests.train.world import sft_world
 
 CURVE_KEYS = ("loss", "mse", "t_mean", "grad_norm", "lr", "cond_lr", "sem_rms", "x_rms", "epoch")
-# two steps as bench/sft.py runs them: no final state or export, no DataLoader worker
+# two steps as bench/speed/sft.py runs them: no final state or export, no DataLoader worker
 BENCH_SFT = {
     "engine": "torch",
     "max_steps": 2,
@@ -204,6 +204,8 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         "val": {"every": 3, "num_clips": 1},
     }
     cfg = with_sft(world, "tiny", sft)
+    # the run folders lie in the runs root, where the hand-off final.json names their exports
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"runs_root": tmp_path})})
     full = run_stage(cfg, "sft", tmp_path / "full", StdoutReporter(rank=0))
     assert full["final_step"] == 6 and full["state_slots"] == ["step-000004", "step-000006"]
     part = run_stage(cfg, "sft", tmp_path / "part", StdoutReporter(rank=0), max_steps=4)
@@ -285,7 +287,7 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
 
 
 def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread):
-    """state_final / export_final off (what bench/sft.py asks): the last step writes
+    """state_final / export_final off (what bench/speed/sft.py asks): the last step writes
     neither the rotating state nor an export; the run still finishes and says so."""
     out = run_stage(with_sft(world, "tiny", BENCH_SFT), "sft", tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []

@@ -1,6 +1,6 @@
-"""A stage job (``gc25d_core.jobs.<stage>``) with the phases of each optimizer step timed (bench-side).
+"""A stage job (``gc25d_core.jobs.train --stage <stage>``) with the phases of each optimizer step timed (bench-side).
 
-    torchrun --nproc_per_node=N bench/stage_timer.py <stage> --config C --run-dir D [--fresh]
+    torchrun --nproc_per_node=N -m bench.speed.stage_timer <stage> --config C --run-dir D [--fresh]
 
 runs the job's own entry point unchanged after wrapping a few methods of the stage's classes, and
 rank 0 appends one record per step to ``<run_dir>/phases.jsonl``: the step's seconds and, summed
@@ -29,13 +29,9 @@ import runpy
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _sync() -> float:
@@ -165,8 +161,8 @@ def install(stage: str) -> None:
 def main() -> None:
     stage, *rest = sys.argv[1:]
     install(stage)
-    sys.argv = [f"gc25d_core.jobs.{stage}", *rest]
-    runpy.run_module(f"gc25d_core.jobs.{stage}", run_name="__main__", alter_sys=True)
+    sys.argv = ["gc25d_core.jobs.train", "--stage", stage, *rest]
+    runpy.run_module("gc25d_core.jobs.train", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

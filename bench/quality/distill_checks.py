@@ -7,7 +7,7 @@ own cases, samplers and metrics (gc25d_core.eval) on the clip28 sweep:
   stage 3   its EMA's 4-step rollouts against stage 2's EMA's: latent MSE on cells 22..27 (where
             stage 2 never trained; goal lower) and on 1..21 (goal no worse)
 
-Prints one JSON object. After `make run`:  python bench/distill_checks.py [--snapshot v000001]
+Prints one JSON object. After `make run`:  python -m bench.quality.distill_checks [--snapshot v000001]
 """
 
 from __future__ import annotations
@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def cells_mean(curve: list[float | None], first: int, last: int) -> float:
@@ -57,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = Path(cfg.paths.runs_root)
     exports = {}
     for stage in ("stage1_tf", "stage2_cd", "stage3_dmd"):
-        for e in exports_of_handoff(stage, runs / stage / args.snapshot / FINAL):
+        for e in exports_of_handoff(stage, runs / stage / args.snapshot / FINAL, runs):
             exports[e.label] = e
     ecfg = EvalConfig(clip28_clips=args.clips, chain241_chains=0, decode=False)
     version = int(args.snapshot.lstrip("v"))
