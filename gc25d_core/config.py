@@ -11,7 +11,7 @@ import copy
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -20,6 +20,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -27,7 +28,7 @@ from pydantic import (
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.schema import ConfigError, Strict, format_validation_error
-from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config
+from gc25d_core.stages import STAGES
 
 __all__ = ["ConfigError", "Gc25dConfig", "Strict", "format_validation_error", "load_config"]
 
@@ -269,8 +270,8 @@ class DistributedConfig(Strict):
     backend: Literal["auto", "nccl", "gloo"] = "auto"
 
 
-class Gc25dConfig(Strict):
-    """The whole resolved configuration of a preset."""
+class RootConfig(Strict):
+    """The run config's sections every run has; ``Gc25dConfig`` adds one per training stage."""
 
     name: str = "v10"
     seed: int = 0
@@ -285,16 +286,36 @@ class Gc25dConfig(Strict):
     vae: VaeConfig = VaeConfig()
     cache: CacheConfig = CacheConfig()
     distributed: DistributedConfig = DistributedConfig()
-    sft: SftConfig | None = Field(default=None, description="SPEC §7 SFT (train.config; configs/sft/)")
-    stage1_tf: Stage1Config | None = Field(
-        default=None, description="SPEC §8 stage 1, teacher forcing (train.config; configs/stage1_tf/)"
+
+
+def _with_stage_sections() -> type[RootConfig]:
+    # one optional typed section per entry of the stage table, in table order after the others
+    sections: dict[str, Any] = {
+        s.name: (
+            s.section | None,
+            Field(default=None, description=f"{s.description} (configs/{s.preset_folder}/)"),
+        )
+        for s in STAGES
+    }
+    return create_model(
+        "Gc25dConfig",
+        __base__=RootConfig,
+        __module__=__name__,
+        __doc__="The whole resolved configuration of a preset: the sections of ``RootConfig`` and "
+        "one optional section per training stage (gc25d_core.stages), ``cfg.sft``, ``cfg.stage1_tf``, ...",
+        **sections,
     )
-    stage2_cd: Stage2Config | None = Field(
-        default=None, description="SPEC §8 stage 2, consistency distillation (configs/stage2_cd/)"
-    )
-    stage3_dmd: Stage3Config | None = Field(
-        default=None, description="SPEC §8 stage 3, DMD with self-rollout (configs/stage3_dmd/)"
-    )
+
+
+if TYPE_CHECKING:
+
+    class Gc25dConfig(RootConfig):
+        """The whole resolved configuration of a preset (the stage sections are derived, below)."""
+
+        def __getattr__(self, name: str) -> Any: ...  # cfg.<stage>: a StageConfig or None
+
+else:
+    Gc25dConfig = _with_stage_sections()
 
 
 def _key_parts(item: str, dotted: str) -> list[str]:

@@ -82,13 +82,13 @@ def all_reduce(values: Sequence[float], device, op: str = "sum") -> list[float]:
     return t.tolist()
 
 
-def shard(items: Sequence[T], rank: int | None = None, world: int | None = None) -> list[T]:
-    """Deterministic round-robin shard: item i goes to rank i % world."""
+def shard(items: Sequence[T], rank: int | None = None, n_ranks: int | None = None) -> list[T]:
+    """Deterministic round-robin shard: item i goes to rank i % n_ranks (default: the world size)."""
     rank = global_rank() if rank is None else rank
-    world = world_size() if world is None else world
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside world of {world}")
-    return list(items[rank::world])
+    n_ranks = world_size() if n_ranks is None else n_ranks
+    if not 0 <= rank < n_ranks:
+        raise ValueError(f"rank {rank} outside 0..{n_ranks - 1} (world size {n_ranks})")
+    return list(items[rank::n_ranks])
 
 
 def broadcast_ints(values: Sequence[int], device, src: int = 0) -> list[int]:

@@ -27,7 +27,7 @@ from gc25d_core.train.handoff import FINAL
 STAGE1 = {
     "engine": "torch",
     "max_steps": 4,
-    "save_every": 2,
+    "export_every": 2,
     "state_every": 2,
     "val": {"every": 2, "num_clips": 1},
 }

@@ -21,7 +21,7 @@ from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.model import build_model
 from gc25d_core.train.sft import sft_config, with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
-from gc25d_pipeline.defs.train.assets import sft, sft_teacher, stage1_tf
+from gc25d_pipeline.defs.train.assets import STAGE_ASSETS, sft_teacher
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 from gc25d_pipeline.lib.stage_assets import stage_asset
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
@@ -87,7 +87,7 @@ def trained(tmp_path_factory) -> Iterator[TrainedSnapshot]:
         with dg.instance_for_test() as instance:
             instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
             result = dg.materialize(
-                [cache_snapshot, sft, sft_teacher],
+                [cache_snapshot, STAGE_ASSETS["sft"], sft_teacher],
                 partition_key="v000001",
                 instance=instance,
                 resources=resources,
@@ -167,7 +167,7 @@ def test_stage1_asset_trains_the_causal_student_from_the_teacher(trained):
     """The product asset after sft_teacher: stage1_tf resolves its init from teacher.json, trains
     through the real 2-rank entry point and writes a causal export (final.json comes only at the
     preset's max_steps; this run stops at step 2)."""
-    _, run_dir = trained.materialize_after(stage1_tf, FINETUNE_STEPS)
+    _, run_dir = trained.materialize_after(STAGE_ASSETS["stage1_tf"], FINETUNE_STEPS)
     from gc25d_core.train.presets import stage_config
 
     model = stage_config(config_from_yaml(run_dir / "config.yaml"), "stage1_tf").model

@@ -16,11 +16,12 @@ from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.sft import with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
-from gc25d_pipeline.defs.train.assets import sft, sft_teacher
+from gc25d_pipeline.defs.train.assets import STAGE_ASSETS, sft_teacher
 from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, STAGE_RETRY_POLICY, StageRunConfig, stage_asset
 from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
+sft = STAGE_ASSETS["sft"]
 # retries without delay: a Failure that allowed them would show STEP_UP_FOR_RETRY events quickly
 QUICK_RETRIES = dg.RetryPolicy(max_retries=2)
 
@@ -51,7 +52,7 @@ def test_factory_asset_carries_what_it_is_given():
     assert tags["gpu"] == "true" and tags["team"] == "world" and "dagster/kind/fsdp" in tags
     assert asset.op.retry_policy == policy
     md = asset.metadata_by_key[asset.key]
-    assert md[RUN_FOLDER_KEY] == "stage_x" and md["gc25d/entry_module"] == "gc25d_core.jobs.sft"
+    assert md[RUN_FOLDER_KEY] == "stage_x" and md["gc25d/entry_module"] == "gc25d_core.jobs.train"
     # every run config field says what it holds
     assert all(f.description for f in StageRunConfig.model_fields.values())
 

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         optim["cond_lr"] = args.cond_lr
     sft = {
         "max_steps": args.steps,
-        "save_every": args.steps,
+        "export_every": args.steps,
         "state_every": max(args.steps // 4, 1),
         "deterministic": False,
         "val": {"every": args.val_every, "num_clips": args.val_clips},

@@ -118,7 +118,7 @@ def build_world(root: Path, tiny: bool, starts: int, steps: int):
 
     sft = {
         "max_steps": steps,
-        "save_every": 10**6,
+        "export_every": 10**6,
         "state_every": 10**6,
         "export_final": False,
         "state_final": False,

@@ -1,4 +1,4 @@
-"""A stage job (``gc25d_core.jobs.<stage>``) with the phases of each optimizer step timed (bench-side).
+"""A stage job (``gc25d_core.jobs.train --stage <stage>``) with the phases of each optimizer step timed (bench-side).
 
     torchrun --nproc_per_node=N -m bench.speed.stage_timer <stage> --config C --run-dir D [--fresh]
 
@@ -161,8 +161,8 @@ def install(stage: str) -> None:
 def main() -> None:
     stage, *rest = sys.argv[1:]
     install(stage)
-    sys.argv = [f"gc25d_core.jobs.{stage}", *rest]
-    runpy.run_module(f"gc25d_core.jobs.{stage}", run_name="__main__", alter_sys=True)
+    sys.argv = ["gc25d_core.jobs.train", "--stage", stage, *rest]
+    runpy.run_module("gc25d_core.jobs.train", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

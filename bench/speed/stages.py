@@ -64,7 +64,7 @@ def short_run(steps: int) -> dict[str, Any]:
     always validates the last step)."""
     return {
         "max_steps": steps,
-        "save_every": 10**6,
+        "export_every": 10**6,
         "state_every": 10**6,
         "export_final": False,
         "state_final": False,

@@ -26,7 +26,7 @@ from gc25d_core.report import Reporter
 
 
 def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-    rank, world = global_rank(), world_size()
+    rank, n_ranks = global_rank(), world_size()
     backend = dist.get_backend() if dist.is_initialized() else "none"
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     ckpts = CheckpointDir(args.run_dir / "checkpoints", keep=2)
@@ -35,7 +35,7 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
         state = ckpts.load_json(latest)
         start_step, total = state["step"], state["total"]
         rep.log(f"resuming from {ckpts.path(latest)} (step {start_step})")
-    expected_per_step = world * (world + 1) / 2
+    expected_per_step = n_ranks * (n_ranks + 1) / 2
     progress = rep.progress(total=args.steps, unit="steps", every_s=2.0, start=start_step)
     latencies = []
     for step in range(start_step + 1, args.steps + 1):
@@ -50,10 +50,10 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
             time.sleep(args.step_seconds)
         barrier()
         if rank == 0:
-            ckpts.save_json(step, {"step": step, "total": total, "world_size": world})
+            ckpts.save_json(step, {"step": step, "total": total, "world_size": n_ranks})
         barrier()
         progress.update(1)
-    hosts: list[str | None] = [None] * world
+    hosts: list[str | None] = [None] * n_ranks
     if dist.is_initialized():
         dist.all_gather_object(hosts, socket.gethostname())
     else:
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
     digest = hashlib.sha256(json.dumps({"steps": args.steps, "total": total}).encode()).hexdigest()[:16]
     rep.materialize(
         {
-            "world_size": world,
+            "world_size": n_ranks,
             "backend": backend,
             "requested_backend": pick_backend(cfg.distributed.backend),
             "steps": args.steps,

@@ -30,27 +30,6 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def stage_job(stage: str, doc: str | None) -> None:
-    """The entry point of a training stage: parse, process group, reporter, ``train.loop.run_stage``."""
-
-    def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-        from gc25d_core.train.loop import run_stage
-
-        run_stage(cfg, stage, args.run_dir, rep, max_steps=args.max_steps, fresh=args.fresh)
-
-    run_job(stage_parser((doc or stage).splitlines()[0], stage), main)
-
-
-def stage_parser(description: str, stage: str) -> argparse.ArgumentParser:
-    """A training stage's arguments: the base ones, where to stop, whether to start over."""
-    p = base_parser(description)
-    p.add_argument(
-        "--max-steps", type=int, default=None, help=f"stop at this step (default {stage}.max_steps)"
-    )
-    p.add_argument("--fresh", action="store_true", help="delete state, exports and logs; start at step 0")
-    return p
-
-
 def _name_the_deepspeed_accelerator() -> None:
     """Without CUDA, tell DeepSpeed it runs on the CPU: its auto-detection warns "Setting accelerator
     to CPU" in every rank of every job otherwise. An explicit DS_ACCELERATOR is kept."""

@@ -1,12 +1,6 @@
-"""SPEC §7 SFT (the bidirectional teacher) under torchrun; resumes from the run folder by default.
+"""``python -m gc25d_core.jobs.train --stage sft``, under the module name README's commands use."""
 
-torchrun --nproc_per_node=8 -m gc25d_core.jobs.sft --config run.yaml --run-dir DIR [--max-steps N] [--fresh]
-
-The config is a resolved Gc25dConfig whose ``sft`` section is an ``SftConfig``
-(gc25d_core.train.config; presets in configs/sft/).
-"""
-
-from gc25d_core.jobs.common import stage_job
+from gc25d_core.jobs.train import main
 
 if __name__ == "__main__":
-    stage_job("sft", __doc__)
+    main("sft")

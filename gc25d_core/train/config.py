@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import Field, model_validator
 
 from gc25d_core.schema import Strict
 
@@ -165,15 +165,15 @@ class ProfileConfig(Strict):
 
 
 class StageConfig(Strict):
-    """What every training stage shares. ``export_every`` is the SPEC's ``save_every`` (the YAML
-    may use either name): it writes exports; the full state rotates every ``state_every``."""
+    """What every training stage shares. ``export_every`` is the SPEC's ``save_every`` (one name here:
+    the YAML writes ``export_every``): it writes exports; the full state rotates every ``state_every``."""
 
     engine: EngineKind = "zero2"
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     micro_batch: int = Field(default=1, ge=1)
     grad_accum: int = Field(default=2, ge=1)
     max_steps: int = Field(default=20000, ge=1)
-    export_every: int = Field(default=1000, ge=1, validation_alias=AliasChoices("export_every", "save_every"))
+    export_every: int = Field(default=1000, ge=1)
     state_every: int = Field(default=500, ge=1)
     state_slots: int = Field(default=2, ge=1)
     log_every: int = Field(default=1, ge=1)
@@ -193,6 +193,14 @@ class StageConfig(Strict):
     zero: ZeroConfig = ZeroConfig()
     fsdp: FsdpConfig = FsdpConfig()
     profile: ProfileConfig = ProfileConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_name(cls, data: Any) -> Any:
+        # the SPEC's name would otherwise fail as an unknown key without saying which one is meant
+        if isinstance(data, dict) and "save_every" in data:
+            raise ValueError("save_every: the field is export_every (the SPEC's save_every)")
+        return data
 
 
 class PickConfig(Strict):

@@ -276,7 +276,7 @@ class DenoiserRun(StageRun):
         if phase.grad_norm is not None:
             zero = torch.zeros((), device=self.device)
             device[phase.grad_norm] = (
-                grad_norm.to(self.device) / self.world if grad_norm is not None else zero
+                grad_norm.to(self.device) / self.world_size if grad_norm is not None else zero
             )
         unknown = sorted(set(device) - set(self.DEVICE_SUMS)) + sorted(set(out.host) - set(self.HOST_SUMS))
         if unknown:
@@ -295,7 +295,7 @@ class DenoiserRun(StageRun):
 
     def step_record(self, tot: dict[str, float], seconds: dict[str, float]) -> dict[str, float]:
         """The step's record from its sums over micro-batches and ranks and its phases' seconds."""
-        n_micro, n_samples = self.section.grad_accum * self.world, tot["samples"]
+        n_micro, n_samples = self.section.grad_accum * self.world_size, tot["samples"]
         lr, cond_lr = self.model.lrs()
         return {
             "loss": tot["loss"] / n_micro,
@@ -310,7 +310,7 @@ class DenoiserRun(StageRun):
             "masked_static_frac": tot["masked_frac"] / tot["masked"] if tot["masked"] else 0.0,
             # host seconds a rank waited for its micro-batches (mean over ranks): the data pipeline
             # keeps up while this stays near 0
-            "data_wait_s": tot["data_s"] / self.world,
+            "data_wait_s": tot["data_s"] / self.world_size,
             "grad_norm": tot["grad_norm"],  # the global norm (the same on every rank; averaged)
             "lr": lr,
             "cond_lr": cond_lr,

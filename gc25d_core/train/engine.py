@@ -93,13 +93,13 @@ def default_groups(optim: OptimConfig) -> ParamGroups:
 
 
 def deepspeed_config(
-    zero: ZeroConfig, *, micro_batch: int, grad_accum: int, grad_clip: float, world: int, precision: str
+    zero: ZeroConfig, *, micro_batch: int, grad_accum: int, grad_clip: float, world_size: int, precision: str
 ) -> dict[str, Any]:
     """The DeepSpeed config generated from a stage's settings (written to <run_dir>/deepspeed.json)."""
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
-        "train_batch_size": micro_batch * grad_accum * world,
+        "train_batch_size": micro_batch * grad_accum * world_size,
         "gradient_clipping": grad_clip,
         "zero_optimization": {
             "stage": zero.stage,
@@ -324,7 +324,7 @@ def build_engine(stage: StageConfig, device: torch.device, precision: str) -> En
             micro_batch=stage.micro_batch,
             grad_accum=stage.grad_accum,
             grad_clip=stage.optim.grad_clip,
-            world=world_size(),
+            world_size=world_size(),
             precision=precision,
         )
         return Zero2Engine(device, precision, ds, stage.zero.via)

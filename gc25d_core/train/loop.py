@@ -48,13 +48,6 @@ from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
 TENSORBOARD_DIR = "tensorboard"
-# stage -> (module, StageRun class): imported when run (each stage file imports what it needs)
-STAGE_RUNS = {
-    "sft": ("gc25d_core.train.sft", "SftRun"),
-    "stage1_tf": ("gc25d_core.train.stage1_tf", "Stage1Run"),
-    "stage2_cd": ("gc25d_core.train.stage2_cd", "Stage2Run"),
-    "stage3_dmd": ("gc25d_core.train.stage3_dmd", "Stage3Run"),
-}
 
 
 class StageRun:
@@ -69,7 +62,7 @@ class StageRun:
         self.cfg, self.section = cfg, section
         self.run_dir = Path(run_dir)
         self.rep = reporter
-        self.rank, self.world = global_rank(), world_size()
+        self.rank, self.world_size = global_rank(), world_size()
         self.fresh = fresh
         self.schedule: FlowSchedule = WAN_SCHEDULE
         self.device = pick_device(cfg)
@@ -111,7 +104,7 @@ class StageRun:
             "init": self._init_identity(),
             "engine": self.section.engine,
             "precision": self.precision,
-            "world_size": self.world,
+            "world_size": self.world_size,
             "micro_batch": self.section.micro_batch,
             "grad_accum": self.section.grad_accum,
             "seed": self.section.seed,
@@ -203,9 +196,9 @@ class StageRun:
         sec = self.section
         target = sec.max_steps if max_steps is None else max_steps
         progress = self.rep.progress(total=target, unit="steps", every_s=10.0, start=start_step)
-        samples_per_step = sec.micro_batch * sec.grad_accum * self.world
+        samples_per_step = sec.micro_batch * sec.grad_accum * self.world_size
         self.rep.log(
-            f"{self.name} {sec.engine} {self.precision} on {self.world} x {self.device.type}: steps "
+            f"{self.name} {sec.engine} {self.precision} on {self.world_size} x {self.device.type}: steps "
             f"{start_step} -> {target}, {samples_per_step} clips/step{self.describe()}"
         )
         last_val: dict[str, float] = {}
@@ -268,7 +261,7 @@ class StageRun:
             "resumed_from_step": start_step,
             "engine": self.section.engine,
             "precision": self.precision,
-            "world_size": self.world,
+            "world_size": self.world_size,
             "exports": exports,
             "state_slots": [step_name(s) for s in self.state.steps()],
             "last_val": last_val,
@@ -303,10 +296,9 @@ def run_stage(
 ) -> dict[str, Any]:
     """Train (or resume) ``stage`` in ``run_dir`` up to ``max_steps`` (default its section's); every
     rank calls it inside an initialised process group. Returns the summary rank 0 also materializes."""
-    import importlib
-
+    from gc25d_core.stages import stage as stage_entry
     from gc25d_core.train.presets import stage_config
 
-    module, name = STAGE_RUNS[stage]
-    run_cls = getattr(importlib.import_module(module), name)
+    # the table names the run class by import path: only the stage that runs imports its math
+    run_cls = stage_entry(stage).run_class()
     return run_cls(cfg, stage_config(cfg, stage), Path(run_dir), reporter, fresh=fresh).run(max_steps)

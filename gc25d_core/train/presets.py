@@ -1,4 +1,5 @@
-"""Stage presets: ``configs/<stage>/<name>.yaml`` merged into the run config's typed stage field."""
+"""Stage presets: ``configs/<stage>/<name>.yaml`` merged into the run config's typed stage field
+(the stages, their sections and preset folders: gc25d_core.stages)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,11 @@ from pydantic import ValidationError
 from gc25d_core.config import CONFIGS_DIR, Gc25dConfig, deep_merge, read_yaml
 from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.schema import ConfigError, format_validation_error
-from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config, StageConfig
+from gc25d_core.stages import BY_NAME
+from gc25d_core.train.config import StageConfig
 
 # the run config's field of each stage and its section type
-STAGES: dict[str, type[StageConfig]] = {
-    "sft": SftConfig,
-    "stage1_tf": Stage1Config,
-    "stage2_cd": Stage2Config,
-    "stage3_dmd": Stage3Config,
-}
+STAGES: dict[str, type[StageConfig]] = {name: s.section for name, s in BY_NAME.items()}
 
 
 def stage_section(stage: str, name: str) -> dict[str, Any]:
@@ -26,7 +23,8 @@ def stage_section(stage: str, name: str) -> dict[str, Any]:
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r} (known: {sorted(STAGES)})")
     try:
-        path = path_under(CONFIGS_DIR / stage, name, f"{stage}_preset", suffix=".yaml")
+        folder = BY_NAME[stage].preset_folder
+        path = path_under(CONFIGS_DIR / folder, name, f"{stage}_preset", suffix=".yaml")
     except InvalidNameError as e:
         raise ConfigError(str(e)) from None
     return read_yaml(path)
@@ -39,7 +37,7 @@ def with_stage(
     data = stage_section(stage, section) if isinstance(section, str) else dict(section)
     if overrides:
         data = deep_merge(data, overrides)
-    where = f"configs/{stage}/{section}.yaml" if isinstance(section, str) else stage
+    where = f"configs/{BY_NAME[stage].preset_folder}/{section}.yaml" if isinstance(section, str) else stage
     try:
         typed = STAGES[stage].model_validate(data)
     except ValidationError as e:

@@ -271,15 +271,15 @@ class Stage3Run(CausalRun):
         hi = all_reduce([-cells, -exit_step], self.device, op="min")
         lr, cond_lr = self.model.lrs()
         critic_lr = self.critic.lrs()[0]
-        gen = tot["gen_loss"] / self.world
+        gen = tot["gen_loss"] / self.world_size
         return {
             # every stage logs ``loss`` (TensorBoard's train/loss): here the generator's DMD loss, the
             # objective the exported student minimises; the critic's flow loss stays beside it
             "loss": gen,
-            "critic_loss": tot["critic_loss"] / self.world,
+            "critic_loss": tot["critic_loss"] / self.world_size,
             "gen_loss": gen,
             "grad_norm": tot["grad_norm"],
-            "t_mean": tot["t"] / self.world,
+            "t_mean": tot["t"] / self.world_size,
             "lr": lr,
             "cond_lr": cond_lr,
             "critic_lr": critic_lr,

@@ -223,7 +223,7 @@ def verify_slot(folder: Path, step: int) -> str | None:
     """Collective: why the slot ``folder`` cannot be resumed, None when it verifies: its JSON files
     read back (``trainer.json`` names ``step``), and every file its SHA256 record lists is there
     with that hash. The ranks hash a share of the files each and agree on the first problem."""
-    rank, world = (global_rank(), world_size()) if dist_active() else (0, 1)
+    rank, n_ranks = (global_rank(), world_size()) if dist_active() else (0, 1)
     problem: str | None
     try:
         meta = _read_json(folder / "trainer.json")
@@ -234,7 +234,7 @@ def verify_slot(folder: Path, step: int) -> str | None:
     except (RuntimeError, StateFileError) as e:
         problem = str(e)
     else:
-        problem = check_recorded(folder, digests, sorted(digests)[rank::world])
+        problem = check_recorded(folder, digests, sorted(digests)[rank::n_ranks])
     return next((p for p in _gather(problem) if p is not None), None)
 
 

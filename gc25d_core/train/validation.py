@@ -69,10 +69,10 @@ def lockstep_clips(clips: list[ValClip]) -> list[tuple[ValClip, float]]:
     """This rank's share of ``clips`` with weight 1, padded so that every rank gets the same count
     (a sharded model gathers its weights in each forward): a rank past the end repeats a clip with
     weight 0, whose numbers it drops."""
-    rank, world = global_rank(), world_size()
+    rank, n_ranks = global_rank(), world_size()
     out = []
-    for k in range(-(-len(clips) // world)):
-        i = rank + k * world
+    for k in range(-(-len(clips) // n_ranks)):
+        i = rank + k * n_ranks
         out.append((clips[i % len(clips)], float(i < len(clips))))
     return out
 

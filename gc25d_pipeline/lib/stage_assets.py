@@ -3,7 +3,7 @@
 A stage asset resolves the project config, fills the stage's section from
 ``configs/<stage>/<preset>.yaml`` (``gc25d_core.train.presets.with_stage``), pins
 ``data.manifest_version`` to the snapshot of its partition and launches
-``python -m gc25d_core.jobs.<stage>`` into ``<runs_root>/<asset name>/<partition>``. That folder is
+``python -m gc25d_core.jobs.train --stage <stage>`` into ``<runs_root>/<asset name>/<partition>``. That folder is
 fixed per (asset, partition), so a retry, a re-execution or a relaunch resumes from the job's latest
 state; ``fresh`` starts over.
 
@@ -25,10 +25,11 @@ from pydantic import Field
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
-from gc25d_core.train.handoff import read_handoff
+from gc25d_core.stages import BY_NAME, Stage, Upstream
+from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.loop import TENSORBOARD_DIR
 from gc25d_core.train.metrics import JsonlLog, curves_png
-from gc25d_core.train.presets import STAGES, with_stage
+from gc25d_core.train.presets import with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.clip_jobs import png_markdown
 from gc25d_pipeline.lib.launcher import JobLauncher
@@ -39,6 +40,9 @@ from gc25d_pipeline.lib.snapshots import published_snapshot
 # asset's own name, or for sft_teacher the folder of the sft run it picks from. init_from reads it
 # to find the upstream hand-off file.
 RUN_FOLDER_KEY = "gc25d/run_folder"
+
+# the one torchrun entry point of every stage (its --stage picks the table entry)
+TRAIN_MODULE = "gc25d_core.jobs.train"
 
 # A failed rank (lost node, OOM, preemption) is worth retrying: the job resumes from its run folder.
 STAGE_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=60, backoff=dg.Backoff.EXPONENTIAL)
@@ -130,7 +134,8 @@ def stage_asset(
     previews: StagePreviews | None = None,
 ) -> dg.AssetsDefinition:
     """A training-stage asset ``name`` running core stage ``stage`` (its section of the run config,
-    presets in configs/<stage>/) through ``python -m <module>`` (default gc25d_core.jobs.<stage>).
+    presets in configs/<stage>/) through ``python -m <module> --stage <stage>`` (default
+    gc25d_core.jobs.train, the entry point of every stage in gc25d_core.stages).
 
     ``init_from`` (upstream asset, hand-off file name, "export" | "ema") sets ``model.init: handoff``
     and ``model.handoff`` to that file in the upstream's run folder for the same partition; the
@@ -140,9 +145,11 @@ def stage_asset(
     raise ValueError when the code location loads. ``previews`` adds metadata drawn from the
     finished run folder (videos, plots) to the launch's summary."""
     check_name(name, "stage asset name")
-    if stage not in STAGES:
-        raise ValueError(f"stage asset {name}: stage={stage!r} is not a core stage (known: {sorted(STAGES)})")
-    module = module or f"gc25d_core.jobs.{stage}"
+    if stage not in BY_NAME:
+        raise ValueError(
+            f"stage asset {name}: stage={stage!r} is not a core stage (known: {sorted(BY_NAME)})"
+        )
+    module = module or TRAIN_MODULE
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"stage asset {name}: module={module!r} (the torchrun entry point) does not exist")
     # section field -> where its weights come from
@@ -209,8 +216,10 @@ def stage_asset(
         except ConfigError as e:  # a bad preset name or section: the same on every retry
             raise dg.Failure(f"{name}: {e}", allow_retries=False) from None
         run_dir = project.run_dir(cfg, name, context)
-        args = (["--max-steps", str(config.max_steps)] if config.max_steps else []) + (
-            ["--fresh"] if config.fresh else []
+        args = (
+            ["--stage", stage]
+            + (["--max-steps", str(config.max_steps)] if config.max_steps else [])
+            + (["--fresh"] if config.fresh else [])
         )
         mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
         # the launch's summary, the run's curves, its previews, and which hand-off files it started from
@@ -224,6 +233,50 @@ def stage_asset(
         return dg.MaterializeResult(metadata=launched, data_version=mat.data_version)
 
     return _asset
+
+
+def table_assets(
+    stages: Sequence[Stage],
+    *,
+    picks: Mapping[str, dg.AssetsDefinition],
+    first_deps: Sequence[dg.AssetsDefinition | str] = (),
+    previews: Mapping[str, StagePreviews] | None = None,
+) -> tuple[dict[str, dg.AssetsDefinition], dict[str, dg.AssetsDefinition]]:
+    """One stage asset per table entry (gc25d_core.stages), named after its stage, in table order.
+
+    An entry's ``init_from`` / ``real_from`` become hand-off sources: the asset that writes the
+    upstream stage's hand-off file, i.e. the stage asset itself for ``final.json`` or, for
+    ``teacher.json``, the pick asset in ``picks`` (stage name -> asset). A stage without
+    ``init_from`` starts from the training cache: ``first_deps``. Returns (stage -> its asset,
+    stage -> the asset that writes its hand-off file)."""
+    built: dict[str, dg.AssetsDefinition] = {}
+    writers: dict[str, dg.AssetsDefinition] = {}
+
+    def source(up: Upstream | None) -> HandoffSource | None:
+        if up is None:
+            return None
+        return HandoffSource(writers[up.stage], BY_NAME[up.stage].handoff, up.export)
+
+    for s in stages:
+        built[s.name] = stage_asset(
+            s.name,
+            s.name,
+            deps=() if s.init_from is not None else first_deps,
+            init_from=source(s.init_from),
+            real_from=source(s.real_from),
+            kinds=s.kinds,
+            description=s.description,
+            previews=(previews or {}).get(s.name),
+        )
+        if s.handoff == TEACHER:
+            if s.name not in picks:
+                raise ValueError(
+                    f"stage {s.name} hands off by {TEACHER}, but no pick asset writes it (picks)"
+                )
+            writers[s.name] = picks[s.name]
+        else:
+            writers[s.name] = built[s.name]
+    return built, writers
 
 
 def curves_metadata(run_dir: Path) -> dict[str, Any]:

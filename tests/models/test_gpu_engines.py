@@ -24,7 +24,7 @@ SFT = {
     "deterministic": False,
     "max_steps": STEPS,
     "state_every": 10**6,  # states only at the end of each launch (state_final)
-    "save_every": 10**6,
+    "export_every": 10**6,
     "val": {"every": 10**6, "num_clips": 2},
 }
 

@@ -96,8 +96,8 @@ class PairRun(StageRun):
         sums.add_device([torch.zeros(()), gen_loss])
         tot = sums.reduce()
         return {
-            "critic_loss": tot["critic_loss"] / self.world,
-            "gen_loss": tot["gen_loss"] / self.world,
+            "critic_loss": tot["critic_loss"] / self.world_size,
+            "gen_loss": tot["gen_loss"] / self.world_size,
             "gen_grad_norm": float(norm) if norm is not None else float("nan"),
             "ema_started": float(self.ema.started),
         }

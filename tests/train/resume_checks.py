@@ -19,17 +19,18 @@ TIMING_KEYS = ("samples_per_s", "eta_s")  # and every "*_s" key: wall-clock seco
 
 
 def launch(
-    argv: list[str], nproc: int, fault: str | None = None, timeout: float = 600
+    argv: list[str], nproc: int, fault: str | None = None, timeout: float = 600, root: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m torch.distributed.run --standalone --nproc_per_node=N <argv>`` from the repo root."""
+    """``python -m torch.distributed.run --standalone --nproc_per_node=N <argv>`` from the repo root
+    (``root``: another copy of the repository, imported first)."""
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     env.pop("GC25D_FAULT", None)
     if fault:
         env["GC25D_FAULT"] = fault
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def records(path: Path, drop: tuple[str, ...] = TIMING_KEYS) -> list[dict[str, Any]]:

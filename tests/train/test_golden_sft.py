@@ -21,7 +21,7 @@ from tests.train.world import sft_world, write_config
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_sft_tiny.json").read_text())
 SECTION = GOLDEN["section"]  # the tiny SFT preset as it was when the reference was recorded
-SFT = {"max_steps": 8, "state_every": 4, "save_every": 8, "val": {"every": 4, "num_clips": 2}}
+SFT = {"max_steps": 8, "state_every": 4, "export_every": 8, "val": {"every": 4, "num_clips": 2}}
 # the text table shape the reference was recorded with (the tiny preset now pads to 32 tokens)
 WORLD = {"text": {"max_len": 512}}
 
@@ -73,7 +73,7 @@ def test_a_run_relaunched_by_hand_through_accelerate_launch_resumes(tmp_path, st
         "engine": "zero2",
         "max_steps": 4,
         "state_every": 4,
-        "save_every": 4,
+        "export_every": 4,
         "val": {"every": 4, "num_clips": 1},
     }
     cfg = (
@@ -84,12 +84,14 @@ def test_a_run_relaunched_by_hand_through_accelerate_launch_resumes(tmp_path, st
     config = write_config(cfg, tmp_path / "run.yaml")
     run = tmp_path / "run"
     first = launch(
-        ["-m", f"gc25d_core.jobs.{stage}", "--config", str(config), "--run-dir", str(run)], nproc=1
+        ["-m", "gc25d_core.jobs.train", "--stage", stage, "--config", str(config), "--run-dir", str(run)],
+        nproc=1,
     )
     assert first.returncode == 0, first.stderr[-4000:]
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["launch", "--config_file", str(run / "accelerate.yaml"), "-m", f"gc25d_core.jobs.{stage}"]
+    args = ["launch", "--config_file", str(run / "accelerate.yaml"), "-m", "gc25d_core.jobs.train"]
+    args += ["--stage", stage]
     args += ["--config", str(run / "config.yaml"), "--run-dir", str(run), "--max-steps", "6"]
     again = subprocess.run(
         [str(accelerate), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600

@@ -27,7 +27,7 @@ from gc25d_core.train.handoff import (
     write_handoff_file,
 )
 
-STAGE = {"engine": "torch", "max_steps": 2, "save_every": 2, "state_every": 2, "val": {"num_clips": 1}}
+STAGE = {"engine": "torch", "max_steps": 2, "export_every": 2, "state_every": 2, "val": {"num_clips": 1}}
 
 
 def _export(path: Path, seed: int = 0, causal: bool = False, **cfg) -> Path:

@@ -26,7 +26,7 @@ SFT = {
     "engine": "zero2",
     "max_steps": 2,
     "state_every": 2,
-    "save_every": 100,
+    "export_every": 100,
     "export_final": False,
     "data": {"num_workers": 0},
     "val": {"every": 100, "num_clips": 1},

@@ -29,7 +29,7 @@ BENCH_SFT = {
     "engine": "torch",
     "max_steps": 2,
     "state_every": 100,
-    "save_every": 100,
+    "export_every": 100,
     "export_final": False,
     "state_final": False,
     "data": {"num_workers": 0},
@@ -60,13 +60,13 @@ def test_presets_and_generated_deepspeed_config():
     assert v10.val.timesteps == (200.0, 500.0, 800.0) and v10.val.num_clips == 16 and v10.state_slots == 2
     assert (v10.dropout.text, v10.dropout.cond, v10.dropout.unknown_mask) == (0.1, 0.05, 0.5)
 
-    def ds_of(sec: SftConfig, world: int, precision: str):
+    def ds_of(sec: SftConfig, world_size: int, precision: str):
         return deepspeed_config(
             sec.zero,
             micro_batch=sec.micro_batch,
             grad_accum=sec.grad_accum,
             grad_clip=sec.optim.grad_clip,
-            world=world,
+            world_size=world_size,
             precision=precision,
         )
 
@@ -198,7 +198,7 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         "engine": "torch",
         "max_steps": 6,
         "state_every": 2,
-        "save_every": 3,
+        "export_every": 3,
         "deterministic": False,
         "data": {"num_workers": 1},  # dropouts run in a DataLoader worker
         "val": {"every": 3, "num_clips": 1},
@@ -250,7 +250,7 @@ def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tm
         "grad_accum": 3,
         "max_steps": 6,
         "state_every": 3,
-        "save_every": 100,
+        "export_every": 100,
         "export_final": False,
         "data": {"num_workers": 0},
         "val": {"every": 100, "num_clips": 1},

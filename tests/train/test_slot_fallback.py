@@ -25,7 +25,7 @@ SFT = {
     "engine": "torch",
     "max_steps": STEPS,
     "state_every": 2,
-    "save_every": 100,
+    "export_every": 100,
     "export_final": False,
     "data": {"num_workers": 0},
     "val": {"every": 3, "num_clips": 1},

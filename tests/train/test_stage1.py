@@ -21,7 +21,7 @@ STEPS = 4
 STAGE1 = {
     "engine": "torch",
     "max_steps": STEPS,
-    "save_every": STEPS,
+    "export_every": STEPS,
     "state_every": 2,
     "val": {"every": 2, "num_clips": 2},
 }

@@ -106,7 +106,7 @@ def run(tmp_path_factory):
     sec = {
         "engine": "torch",
         "max_steps": 4,
-        "save_every": 4,
+        "export_every": 4,
         "state_every": 2,
         "val": {"every": 2, "num_clips": 2},
     }

@@ -108,7 +108,7 @@ def test_toy_2d_gaussian_dmd_moves_the_generator_toward_the_target():
 def built(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("stage3")
-    cfg = stage3_world(root, {"engine": "torch", "max_steps": 2, "save_every": 2, "state_every": 2})
+    cfg = stage3_world(root, {"engine": "torch", "max_steps": 2, "export_every": 2, "state_every": 2})
     run = Stage3Run(cfg, stage_config(cfg, "stage3_dmd"), root / "run", StdoutReporter(rank=0))
     run._prepare_run_dir()
     run.build(run._resume())

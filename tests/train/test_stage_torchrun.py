@@ -18,7 +18,7 @@ from tests.train.world import sft_world, stage1_world, stage2_world, stage3_worl
 pytestmark = pytest.mark.slow
 
 STEPS = 8
-SECTION = {"max_steps": STEPS, "state_every": 3, "save_every": 4, "val": {"every": 4, "num_clips": 2}}
+SECTION = {"max_steps": STEPS, "state_every": 3, "export_every": 4, "val": {"every": 4, "num_clips": 2}}
 # (stage, engine): zero2 = accelerate + DeepSpeed ZeRO-2 (the presets' engine), torch = DDP, fsdp = FULL_SHARD
 RUNS = (
     ("sft", "zero2"),
@@ -52,7 +52,8 @@ VAL_STEPS = {"sft": [4, 8], "stage1_tf": [0, 4, 8], "stage2_cd": [0, 4, 8], "sta
 
 
 def _launch(stage: str, config: Path, run_dir: Path, fault: str | None = None):
-    argv = ["-m", f"gc25d_core.jobs.{stage}", "--config", str(config), "--run-dir", str(run_dir)]
+    argv = ["-m", "gc25d_core.jobs.train", "--stage", stage, "--config", str(config)]
+    argv += ["--run-dir", str(run_dir)]
     return launch(argv, nproc=2, fault=fault)
 
 

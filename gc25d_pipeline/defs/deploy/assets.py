@@ -14,13 +14,15 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field
 
+from gc25d_core.stages import STAGES
 from gc25d_core.train.handoff import FINAL, handoff_of, read_handoff, write_handoff_file
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
-from gc25d_pipeline.defs.train.assets import stage1_tf, stage2_cd, stage3_dmd
+from gc25d_pipeline.defs.train.assets import STAGE_ASSETS
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, run_folder_of
 
-SOURCES = {a.key.to_user_string(): a for a in (stage3_dmd, stage2_cd, stage1_tf)}
+# the stages whose final.json the deploy file may take: the table's feeds_deploy
+SOURCES = {s.name: STAGE_ASSETS[s.name] for s in reversed(STAGES) if s.feeds_deploy}
 
 
 class DeployExportConfig(dg.Config):
@@ -36,7 +38,7 @@ class DeployExportConfig(dg.Config):
     name="deploy_export",
     group_name="deploy",
     partitions_def=cache_snapshots,
-    deps=[stage3_dmd],
+    deps=[STAGE_ASSETS["stage3_dmd"]],
     kinds={"python"},
     metadata={RUN_FOLDER_KEY: "deploy_export"},
     check_specs=[dg.AssetCheckSpec("deploy_contract", asset="deploy_export")],

@@ -1,7 +1,8 @@
 """SPEC §10 evaluation per snapshot partition: every export of the chain that exists, on the clip28
 and chain241 sweeps (gc25d_core.eval), with the plots and the comparison table in the metadata.
 
-``EVAL_SOURCES`` is the extension point: (label, upstream asset, hand-off file) in chain order. A
+``EVAL_SOURCES``: (label, upstream asset, hand-off file) in chain order, derived from the stage table
+(a stage's ``evaluated``) with the deploy file last. A
 hand-off with an EMA export adds ``<label>_ema``; the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
 """
 
@@ -12,10 +13,11 @@ from pydantic import Field
 
 from gc25d_core.eval.evaluate import EvalConfig, EvalExport, exports_of_handoff
 from gc25d_core.schema import ConfigError
-from gc25d_core.train.handoff import FINAL, TEACHER
+from gc25d_core.stages import STAGES
+from gc25d_core.train.handoff import FINAL
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.deploy.assets import deploy_export
-from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
+from gc25d_pipeline.defs.train.assets import HANDOFF_WRITERS
 from gc25d_pipeline.lib.previews import eval_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.snapshots import published_snapshot
@@ -28,11 +30,9 @@ class EvalSource(NamedTuple):
     file: str
 
 
+# every evaluated stage of the table (gc25d_core.stages) by its hand-off, in chain order, then the deploy file
 EVAL_SOURCES: tuple[EvalSource, ...] = (
-    EvalSource("sft", sft_teacher, TEACHER),
-    EvalSource("stage1_tf", stage1_tf, FINAL),
-    EvalSource("stage2_cd", stage2_cd, FINAL),
-    EvalSource("stage3_dmd", stage3_dmd, FINAL),
+    *(EvalSource(s.name, HANDOFF_WRITERS[s.name], s.handoff) for s in STAGES if s.evaluated),
     EvalSource("deploy", deploy_export, FINAL),
     # stage 3's EMA milestones join here the same way
 )

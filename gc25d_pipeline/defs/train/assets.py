@@ -1,35 +1,27 @@
-"""SPEC §7 SFT teacher per training-cache snapshot, the §10 pick rule, and the distillation stages after it.
+"""The training stages per training-cache snapshot: one stage asset per entry of the stage table
+(gc25d_core.stages), and the SPEC §10 pick of the SFT teacher between the SFT and the distillation.
 
-``sft`` is a stage asset (gc25d_pipeline.lib.stage_assets): a torchrun job (DeepSpeed ZeRO-2
-through accelerate, see gc25d_core.train.sft) whose run folder is fixed per snapshot partition, so a
-retry, a re-execution or a relaunch resumes from the latest rotating state. ``sft_teacher`` applies
-the pick rule to that folder and writes the pick as ``teacher.json`` there: the hand-off the next
-stage's ``init_from`` reads.
+Each stage asset (gc25d_pipeline.lib.stage_assets) is a torchrun job whose run folder is fixed per
+snapshot partition, so a retry, a re-execution or a relaunch resumes from the latest rotating state.
+``sft_teacher`` applies the pick rule to the sft run folder and writes the pick as ``teacher.json``
+there: the hand-off the stages with ``init_from=Upstream("sft")`` read.
 """
 
 import dagster as dg
 from pydantic import Field
 
 from gc25d_core.config import config_from_yaml
-from gc25d_core.train.handoff import FINAL, TEACHER, handoff_of, write_handoff_file
+from gc25d_core.stages import STAGES
+from gc25d_core.train.handoff import TEACHER, handoff_of, write_handoff_file
 from gc25d_core.train.pick import PickError, pick_sft_run
-from gc25d_core.train.sft import sft_config
+from gc25d_core.train.presets import stage_config
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.previews import sft_preview_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, run_folder_of, stage_asset
+from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, table_assets
 
-sft = stage_asset(
-    "sft",
-    "sft",
-    deps=[cache_snapshot],
-    kinds=("torch", "deepspeed"),
-    description="Train (or resume) the bidirectional teacher on this snapshot; progress streams to the run log. "
-    "Its metadata shows the validation curves, the cond / uncond gap and a validation sample "
-    "(ground truth | prediction at t=500 | ids) as a video.",
-    previews=sft_preview_metadata,
-)
+SFT = "sft"  # the stage the §10 pick picks from (its run folder holds teacher.json)
 
 
 class SftTeacherConfig(dg.Config):
@@ -44,10 +36,10 @@ class SftTeacherConfig(dg.Config):
 @dg.asset(
     group_name="train",
     partitions_def=cache_snapshots,
-    deps=[sft],
+    deps=[dg.AssetKey(SFT)],
     kinds={"python"},
     # teacher.json lives in the sft run folder it picks from: init_from=(sft_teacher, ...) reads it there
-    metadata={RUN_FOLDER_KEY: run_folder_of(sft)},
+    metadata={RUN_FOLDER_KEY: SFT},
 )
 def sft_teacher(
     context: dg.AssetExecutionContext, config: SftTeacherConfig, project: Gc25dProject
@@ -55,11 +47,11 @@ def sft_teacher(
     """SPEC §10: lowest mean cond val mse among steps ≥ min_step, the latest within rel_tol of it;
     written to <sft run folder>/teacher.json for the next stage."""
     cfg = project.config()
-    run_dir = project.run_dir(cfg, run_folder_of(sft), context).resolve()
+    run_dir = project.run_dir(cfg, SFT, context).resolve()
     resolved = run_dir / "config.yaml"
     if not resolved.is_file():
         raise dg.Failure(f"{resolved} does not exist: materialize sft for {context.partition_key} first")
-    rule = sft_config(config_from_yaml(resolved)).pick
+    rule = stage_config(config_from_yaml(resolved), SFT).pick
     min_step = rule.min_step if config.min_step is None else config.min_step
     rel_tol = rule.rel_tol if config.rel_tol is None else config.rel_tol
     try:
@@ -85,32 +77,12 @@ def sft_teacher(
     )
 
 
-stage1_tf = stage_asset(
-    "stage1_tf",
-    "stage1_tf",
-    init_from=(sft_teacher, TEACHER, "export"),
-    kinds=("torch", "deepspeed"),
-    description="SPEC §8 stage 1: the causal student by teacher forcing from the picked teacher "
-    "(teacher.json); its final.json is stage 2's init.",
+# stage -> its asset (named after the stage); stage -> the asset that writes its hand-off file
+STAGE_ASSETS, HANDOFF_WRITERS = table_assets(
+    STAGES,
+    picks={SFT: sft_teacher},
+    first_deps=[cache_snapshot],
+    previews={SFT: sft_preview_metadata},
 )
-
-
-stage2_cd = stage_asset(
-    "stage2_cd",
-    "stage2_cd",
-    init_from=(stage1_tf, FINAL, "export"),
-    kinds=("torch", "deepspeed"),
-    description="SPEC §8 stage 2: causal consistency distillation onto the 4-step deploy axis with an EMA "
-    "target, from stage 1's final export; its EMA exports are the deploy candidate and stage 3's init.",
-)
-
-
-stage3_dmd = stage_asset(
-    "stage3_dmd",
-    "stage3_dmd",
-    init_from=(stage2_cd, FINAL, "ema"),
-    real_from=(sft_teacher, TEACHER, "export"),
-    kinds=("torch", "fsdp"),
-    description="SPEC §8 stage 3: DMD with self-rollout from stage 2's EMA, the SFT teacher as real score and "
-    "critic init, FSDP; its EMA exports are what deploy takes.",
-)
+# the definitions loader collects assets from module-level lists
+stage_assets: list[dg.AssetsDefinition] = list(STAGE_ASSETS.values())
