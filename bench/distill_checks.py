@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = Path(cfg.paths.runs_root)
     exports = {}
     for stage in ("stage1_tf", "stage2_cd", "stage3_dmd"):
-        for e in exports_of_handoff(stage, runs / stage / args.snapshot / FINAL):
+        for e in exports_of_handoff(stage, runs / stage / args.snapshot / FINAL, runs):
             exports[e.label] = e
     ecfg = EvalConfig(clip28_clips=args.clips, chain241_chains=0, decode=False)
     version = int(args.snapshot.lstrip("v"))

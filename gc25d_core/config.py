@@ -33,6 +33,8 @@ __all__ = ["ConfigError", "Gc25dConfig", "Strict", "format_validation_error", "l
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
+DEFAULT_TEXT_DIR = CONFIGS_DIR / "text"
+"""The project's prompt template, motion phrases and NULL prompt (``text.data_dir`` unset)."""
 
 
 class GeometryConfig(Strict):
@@ -123,7 +125,11 @@ class TextConfig(Strict):
     """SPEC §4: the text table. Without a table file the synthetic table of ``dim`` columns is used;
     a configured table file is used only when its bytes match ``table_sha256``."""
 
-    data_dir: Path = CONFIGS_DIR / "text"
+    data_dir: Path | None = Field(
+        default=None,
+        description="folder of template.txt, motions.json, null_prompt.txt; None: the project's own "
+        "(configs/text, found where this code is at load time, so a resolved config names no checkout)",
+    )
     table_path: Path | None = None
     table_sha256: Sha256Hex | None = Field(default=None, validate_default=True)
     max_len: int = 512
@@ -137,6 +143,11 @@ class TextConfig(Strict):
         if v is None and info.data.get("table_path") is not None:
             raise ValueError("required when text.table_path is set (the SHA256 of that file)")
         return v
+
+    @property
+    def text_dir(self) -> Path:
+        """The folder the prompt data is read from: ``data_dir``, else the project's own."""
+        return DEFAULT_TEXT_DIR if self.data_dir is None else self.data_dir
 
 
 class RawConfig(Strict):

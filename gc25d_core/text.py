@@ -99,7 +99,7 @@ def load_text_data(data_dir: Path) -> TextData:
 
 
 def text_data(cfg: TextConfig | None = None) -> TextData:
-    return load_text_data(Path((cfg or TextConfig()).data_dir))
+    return load_text_data(Path((cfg or TextConfig()).text_dir))
 
 
 def check_block(block: Sequence[int] | np.ndarray) -> np.ndarray:

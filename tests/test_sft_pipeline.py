@@ -121,7 +121,7 @@ def test_sft_and_teacher_per_snapshot(trained):
 
     # the pick is handed off as teacher.json in the SFT run folder, naming the export and its hash
     teacher = trained.result.asset_materializations_for_node("sft_teacher")[0].metadata
-    handoff = read_handoff(run_dir / TEACHER)
+    handoff = read_handoff(run_dir / TEACHER, trained.root / "runs")
     export = (run_dir / "exports" / "step-000010.safetensors").resolve()
     assert (handoff.stage, handoff.step, handoff.export) == ("sft", SFT_STEPS, export)
     assert handoff.sha256 == sha256_file(export)
@@ -153,7 +153,7 @@ def test_stage_initialised_from_the_teacher_handoff(trained):
     random_init = export_state_dict(
         build_model(cfg, sft_config(cfg).model, torch.device("cpu"), torch.float32)
     )
-    teacher, _ = read_export(read_handoff(teacher_json).export)
+    teacher, _ = read_export(read_handoff(teacher_json, trained.root / "runs").export)
     tuned, _ = read_export(run_dir / "exports" / f"step-{FINETUNE_STEPS:06d}.safetensors")
 
     def sq_dist(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -175,4 +175,7 @@ def test_stage1_asset_trains_the_causal_student_from_the_teacher(trained):
     assert not (run_dir / "final.json").exists()
     _, meta = read_export(run_dir / "exports" / f"step-{FINETUNE_STEPS:06d}.safetensors")
     assert meta.causal is not None and meta.extra["stage"] == "stage1_tf"
-    assert json.loads(meta.extra["init_ckpt"])["sha256"] == read_handoff(trained.sft_dir / TEACHER).sha256
+    assert (
+        json.loads(meta.extra["init_ckpt"])["sha256"]
+        == read_handoff(trained.sft_dir / TEACHER, trained.root / "runs").sha256
+    )

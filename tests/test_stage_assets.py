@@ -160,8 +160,12 @@ def test_sft_teacher_writes_teacher_json(tmp_path):
         [sft_teacher], _project(tmp_path), run_config={"ops": {"sft_teacher": {"config": {"min_step": 0}}}}
     )
     assert result.success
-    handoff = read_handoff(run_dir / TEACHER)
+    handoff = read_handoff(run_dir / TEACHER, tmp_path / "runs")
     export = (run_dir / "exports" / "step-000020.safetensors").resolve()
+    # the file names the export relative to the runs root: a moved runs root keeps its hand-offs
+    assert (
+        json.loads((run_dir / TEACHER).read_text())["export"] == "sft/v000001/exports/step-000020.safetensors"
+    )
     assert (handoff.stage, handoff.step, handoff.export, handoff.ema_export) == ("sft", 20, export, None)
     assert handoff.sha256 == sha256_file(export)
     md = result.asset_materializations_for_node("sft_teacher")[0].metadata

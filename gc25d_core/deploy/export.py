@@ -4,7 +4,8 @@
 export the user picks) into the SPEC §6 file with its metadata kept (vocab, data, dit_config, the
 denoise axis, sink / window / RoPE cap, the stage's own keys) plus ``deploy_source`` (the source
 file and its SHA256) and ``init_chain``: the chain of init checkpoints, followed through each
-export's ``init_ckpt`` from headers only (stage 3 <- stage 2 EMA <- stage 1 <- SFT pick <- ...).
+export's ``init_ckpt`` from headers only (stage 3 <- stage 2 EMA <- stage 1 <- SFT pick <- ...), inside
+the runs root, each file's hash checked before its header is read.
 """
 
 from __future__ import annotations
@@ -14,22 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from gc25d_core.hashing import sha256_file
-from gc25d_core.models.export import ExportError, read_export, save_export
+from gc25d_core.models.export import ExportError, read_export, read_header, save_export
 
 MAX_CHAIN = 16
 
 
-def _header(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        return dict(f.metadata() or {})
-
-
-def deployed_from(path: Path | str) -> str | None:
+def deployed_from(path: Path | str, expected_sha256: str | None = None) -> str | None:
     """The SHA256 of the export a deploy export was copied from (its ``deploy_source``), from the
-    header only; None for any other export."""
-    raw = _header(Path(path)).get("deploy_source")
+    header only (after the file's own hash, when given); None for any other export."""
+    raw = (read_header(path, expected_sha256).metadata or {}).get("deploy_source")
     if raw is None:
         return None
     try:
@@ -39,47 +33,71 @@ def deployed_from(path: Path | str) -> str | None:
     return sha if isinstance(sha, str) else None
 
 
-def init_chain(first: dict[str, str]) -> list[dict[str, Any]]:
-    """[{path, sha256, stage, step, found}, ...] from an export's metadata ``first`` backwards."""
+def init_chain(first: dict[str, str], runs_root: Path | str | None = None) -> list[dict[str, Any]]:
+    """[{path, sha256, stage, step, found}, ...] from an export's metadata ``first`` backwards.
+
+    An ``init_ckpt`` path is relative to the runs root (absolute in exports written before); only
+    files inside ``runs_root`` are followed (``found`` false otherwise, or without a runs root), and
+    each one's recorded SHA256 is checked before its header is read: a mismatch ends the chain
+    (``sha256_ok`` false), as does a file that is not a readable export (``error``)."""
     chain: list[dict[str, Any]] = []
     meta = first
+    root = Path(runs_root).resolve() if runs_root is not None else None
     while "init_ckpt" in meta and len(chain) < MAX_CHAIN:
         try:
             ref = json.loads(meta["init_ckpt"])
-        except ValueError:
-            raise ExportError(f"init_ckpt metadata is not JSON: {meta['init_ckpt']!r}") from None
-        path = Path(ref.get("path", ""))
-        item: dict[str, Any] = {"path": str(path), "sha256": ref.get("sha256"), "found": path.is_file()}
-        if not path.is_file():
-            chain.append(item)
-            break
-        meta = _header(path)
-        item.update(stage=meta.get("stage"), step=meta.get("step"))
+            name, sha = Path(str(ref.get("path", ""))), ref.get("sha256")
+        except (ValueError, AttributeError):
+            raise ExportError(f"init_ckpt metadata is not a JSON object: {meta['init_ckpt']!r}") from None
+        item: dict[str, Any] = {"path": str(name), "sha256": sha, "found": False}
         chain.append(item)
+        if root is None:
+            break
+        path = (root / name).resolve()  # an absolute name (older exports) stays as it is
+        if not path.is_relative_to(root) or not path.is_file():
+            break
+        item["found"] = True
+        if isinstance(sha, str) and sha256_file(path) != sha:
+            item["sha256_ok"] = False
+            break
+        try:
+            meta = read_header(path).metadata or {}
+        except ExportError as e:
+            item["error"] = str(e)
+            break
+        item.update(stage=meta.get("stage"), step=meta.get("step"))
     return chain
 
 
-def write_deploy_export(
-    source: Path | str, out: Path | str, expected_sha256: str | None = None
-) -> dict[str, Any]:
-    """Write the deploy export; returns its summary (path, sha256, source, chain, keys)."""
-    from gc25d_core.models.loading import verify_sha256
+def _under(path: Path, runs_root: Path | str | None) -> str:
+    """``path`` relative to the runs root where it lies inside it (as hand-offs name exports)."""
+    resolved = path.resolve()
+    if runs_root is not None and resolved.is_relative_to(root := Path(runs_root).resolve()):
+        return str(resolved.relative_to(root))
+    return str(resolved)
 
+
+def write_deploy_export(
+    source: Path | str,
+    out: Path | str,
+    expected_sha256: str | None = None,
+    runs_root: Path | str | None = None,
+) -> dict[str, Any]:
+    """Write the deploy export; returns its summary (path, sha256, source, chain, keys). The chain of
+    init checkpoints is followed inside ``runs_root`` (``init_chain``)."""
     source, out = Path(source), Path(out)
-    if expected_sha256 is not None:
-        verify_sha256([source], {source.name: expected_sha256})
-    sd, meta = read_export(source)
+    sd, meta = read_export(source, expected_sha256=expected_sha256)  # the hash before anything is parsed
     if meta.causal is None or meta.denoise_axis is None:
         raise ExportError(f"export {source}: causal=false — the deploy export needs a causal export")
-    raw = _header(source)
+    raw = read_header(source).metadata or {}
     src = {
-        "path": str(source.resolve()),
+        "path": _under(source, runs_root),
         "sha256": expected_sha256 or sha256_file(source),
         "stage": raw.get("stage"),
         "step": raw.get("step"),
         "weights": raw.get("weights"),
     }
-    chain = init_chain(raw)
+    chain = init_chain(raw, runs_root)
     extra = {**meta.extra, "deploy_source": json.dumps(src), "init_chain": json.dumps(chain)}
     save_export(
         out,

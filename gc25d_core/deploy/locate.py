@@ -28,11 +28,13 @@ class Located:
 
 
 def newest_causal_export(runs_root: Path | str) -> Located:
+    """The export of the newest hand-off of the first source that has one; its name resolved inside
+    ``runs_root`` (a copied tree reads its own exports, never those of the tree it came from)."""
     root = Path(runs_root)
     for stage, which in SOURCES:
         files = sorted((root / stage).glob(f"*/{FINAL}"), key=lambda p: p.stat().st_mtime, reverse=True)
         for f in files:
-            h = read_handoff(f)
+            h = read_handoff(f, root)
             pick = which if (which != "ema" or h.ema_export is not None) else "export"
             path, sha = h.pick(pick)
             return Located(path, sha, f"{stage}/{f.parent.name} ({pick})")

@@ -62,7 +62,7 @@ def without_deployed_copies(
     kept: list[EvalExport] = []
     skipped = list(skipped)
     for e in exports:
-        source = deployed_from(e.path)
+        source = deployed_from(e.path, e.sha256)  # the file's hash is checked before its header is read
         if source is not None and source in by_sha and by_sha[source] != e.label:
             skipped.append(f"{e.label}: the same weights as {by_sha[source]} (its deploy copy)")
             continue

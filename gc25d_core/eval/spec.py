@@ -52,11 +52,12 @@ class EvalExport:
     step: int
 
 
-def exports_of_handoff(label: str, handoff: Path) -> list[EvalExport]:
-    """The export of a hand-off file (teacher.json / final.json) and its EMA export, if it has one."""
+def exports_of_handoff(label: str, handoff: Path, runs_root: Path | str) -> list[EvalExport]:
+    """The export of a hand-off file (teacher.json / final.json) and its EMA export, if it has one,
+    resolved inside ``runs_root`` (gc25d_core.train.handoff)."""
     from gc25d_core.train.handoff import read_handoff
 
-    h = read_handoff(handoff)
+    h = read_handoff(handoff, runs_root)
     out = [EvalExport(label, h.export, h.sha256, h.stage, h.step)]
     if h.ema_export is not None:
         out.append(EvalExport(f"{label}_ema", h.ema_export, h.ema_sha256, h.stage, h.step))

@@ -7,19 +7,24 @@ Full-size: 825 Wan2.2-TI2V-5B tensors + 6 ``gc_sem_cond`` tensors = 831. String 
     causal exports also: denoise_axis=<json list of t>  sink  window  rope_cap
 
 plus caller ``extra`` keys (e.g. the stage-1 teacher_forcing / windowed_train / init_ckpt). The reader
-checks metadata, the vocabulary (metadata vs tensor shapes), the key set and every shape against a
-meta-device build of the recorded config, and that all tensors are bf16; each failure names what is
+checks, in this order and before any tensor is loaded: the file's SHA256 (when the caller knows it),
+that the file is a readable safetensors file, the metadata, the recorded config against the tensors
+the header lists (layer count and the dims the shapes show, within ``MAX_LAYERS``: a config is never
+built from metadata alone), then the key set and every shape against a meta-device build of that
+config and that all tensors are bf16. Each failure is an ``ExportError`` naming the file and what is
 wrong. Writes are atomic.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -34,10 +39,44 @@ CAUSAL_KEYS = ("denoise_axis", "sink", "window", "rope_cap")
 RESERVED_KEYS = frozenset({*FIXED_METADATA, "vocab", "data", "dit_config", "causal", *CAUSAL_KEYS})
 STRIP_PREFIXES = ("dit.", "module.", "_orig_mod.")
 EXPORT_DTYPE = torch.bfloat16
+MAX_LAYERS = 1024
+"""More transformer blocks than any export may hold (Wan2.2-TI2V-5B has 30): a bound on what a
+header can make the reader build."""
+MAX_JSON_METADATA = 1 << 16
+"""Characters of a JSON metadata value (dit_config, denoise_axis) the reader parses at most."""
+MAX_CELLS = 1024
+"""Bound of a causal export's sink / window / RoPE cap (cells; the KV cache a session allocates
+follows the window) and of its denoise axis's length."""
+# safetensors' dtype names -> torch's (the ones an export or a foreign file may carry)
+_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 class ExportError(ValueError):
     """An export is malformed: metadata, vocabulary, key set, shapes or dtypes."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor as the file's header lists it: what the checks need, nothing loaded."""
+
+    shape: torch.Size
+    dtype: torch.dtype | str  # the safetensors name where torch has no such dtype
+
+
+class ExportHeader(NamedTuple):
+    metadata: dict[str, str] | None
+    tensors: dict[str, TensorSpec]
 
 
 class ExportMeta(BaseModel):
@@ -218,13 +257,21 @@ def parse_metadata(
     vocab = meta.get("vocab")
     if vocab not in VOCABS:
         raise ExportError(f"{where}: vocab={vocab!r} must be one of {VOCABS}")
-    detected = detect_vocab(shapes)
+    try:
+        detected = detect_vocab(shapes)
+    except ValueError as e:
+        raise ExportError(f"{where}: {e}") from None
     if detected != vocab:
         raise ExportError(
             f"{where}: metadata vocab={vocab!r} but the sem-cond tensors are vocab {detected!r}"
         )
     if "data" not in meta:
         raise ExportError(f"{where}: metadata has no 'data'")
+    for key in ("dit_config", "denoise_axis"):
+        if len(meta.get(key, "")) > MAX_JSON_METADATA:
+            raise ExportError(
+                f"{where}: {key} metadata of {len(meta[key])} characters (at most {MAX_JSON_METADATA})"
+            )
     if "dit_config" in meta:
         try:
             cfg = DiTConfig.model_validate_json(meta["dit_config"])
@@ -232,6 +279,7 @@ def parse_metadata(
             raise ExportError(f"{where}: invalid dit_config metadata: {e}") from None
     else:
         cfg = infer_dit_config(shapes)
+    check_config_against_tensors(cfg, shapes, where)
     causal_flag = meta.get("causal", "false")
     present = [k for k in CAUSAL_KEYS if k in meta]
     causal = axis = None
@@ -245,6 +293,15 @@ def parse_metadata(
             raise ExportError(f"{where}: invalid causal metadata: {e}") from None
         if not axis:
             raise ExportError(f"{where}: causal export has an empty denoise_axis")
+        bounds = [f"{k}={v}" for k, v in causal.model_dump().items() if v is not None and v > MAX_CELLS]
+        if len(axis) > MAX_CELLS:
+            bounds.append(f"a denoise_axis of {len(axis)} steps")
+        if not all(math.isfinite(t) for t in axis):
+            bounds.append("a denoise_axis with non-finite timesteps")
+        if bounds:
+            raise ExportError(
+                f"{where}: causal metadata out of bounds (at most {MAX_CELLS}): {', '.join(bounds)}"
+            )
     elif causal_flag != "false" or present:
         raise ExportError(f"{where}: causal={causal_flag!r} with causal keys {present}")
     extra = {k: v for k, v in meta.items() if k not in RESERVED_KEYS}
@@ -253,18 +310,95 @@ def parse_metadata(
     )
 
 
-def read_export(
-    path: Path | str, device: str | torch.device = "cpu"
-) -> tuple[dict[str, torch.Tensor], ExportMeta]:
-    """Load and validate an export: (state dict without prefixes, parsed metadata)."""
-    from safetensors import safe_open
+def check_config_against_tensors(cfg: DiTConfig, shapes: Mapping[str, Any], where: str = "export") -> None:
+    """The recorded config must describe the tensors the file holds: its layer count that of the
+    ``blocks.N`` indices present (at most ``MAX_LAYERS``), its dims those the shapes show. Checked
+    before anything is built from ``cfg``, so that a header claiming a huge model cannot make the
+    reader allocate for it; the key set and every shape are checked after (``validate_state_dict``)."""
+
+    def shape(key: str) -> tuple[int, ...] | None:
+        v = shapes.get(key)
+        if v is None:
+            return None
+        return tuple(v.shape) if hasattr(v, "shape") else tuple(v)
+
+    layers = {int(m.group(1)) for k in shapes if (m := re.match(r"blocks\.(\d+)\.", k))}
+    problems: list[str] = []
+    if len(layers) > MAX_LAYERS:
+        problems.append(f"{len(layers)} transformer blocks (at most {MAX_LAYERS})")
+    if cfg.num_layers != len(layers):
+        problems.append(f"num_layers={cfg.num_layers} but the tensors hold {len(layers)} blocks")
+    patch = 1
+    for p in cfg.patch_size:
+        patch *= p
+    seen = {  # config field -> (key, index into its shape, divisor)
+        "dim": ("patch_embedding.weight", 0, 1),
+        "in_dim": ("patch_embedding.weight", 1, 1),
+        "out_dim": ("head.head.weight", 0, patch),
+        "ffn_dim": ("blocks.0.ffn.0.weight", 0, 1),
+        "text_dim": ("text_embedding.0.weight", 1, 1),
+        "freq_dim": ("time_embedding.0.weight", 1, 1),
+        "sem_hidden": (f"{SEM_COND_NAME}.proj_in.weight", 0, 1),
+    }
+    for name, (key, i, div) in seen.items():
+        s = shape(key)
+        if s is not None and len(s) > i and getattr(cfg, name) != s[i] // div:
+            problems.append(f"{name}={getattr(cfg, name)} but {key} has shape {list(s)}")
+    if problems:
+        raise ExportError(
+            f"{where}: the dit_config metadata does not describe the tensors: " + "; ".join(problems)
+        )
+
+
+def read_header(path: Path | str, expected_sha256: str | None = None) -> ExportHeader:
+    """The metadata and the tensors' shapes and dtypes of a safetensors file, no tensor loaded. With
+    ``expected_sha256`` the file's bytes are checked first: nothing of a file that is not the one
+    asked for is parsed. Any failure is an ``ExportError`` naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    from gc25d_core.hashing import sha256_file
 
     path = Path(path)
     if not path.is_file():
-        raise ExportError(f"export {path} does not exist")
-    with safe_open(str(path), framework="pt", device=str(device)) as f:
-        meta = f.metadata()
-        sd = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    parsed = parse_metadata(meta, sd, where=f"export {path}")
-    validate_state_dict(sd, parsed.dit_config, where=f"export {path}")
+        raise ExportError(f"export {path} does not exist" + (" (not a file)" if path.exists() else ""))
+    if expected_sha256 is not None:
+        got = sha256_file(path)
+        if got != expected_sha256.lower():
+            raise ExportError(f"export {path}: sha256 {got} != expected {expected_sha256}")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata()
+            tensors: dict[str, TensorSpec] = {}
+            for k in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                sl = f.get_slice(k)
+                name = sl.get_dtype()
+                tensors[k] = TensorSpec(torch.Size(sl.get_shape()), _DTYPES.get(name, name))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ExportError(f"export {path}: not a readable safetensors file ({e})") from None
+    return ExportHeader(dict(meta) if meta is not None else None, tensors)
+
+
+def read_export_meta(path: Path | str, expected_sha256: str | None = None) -> ExportMeta:
+    """An export's parsed and checked metadata, from its header only (no tensor loaded)."""
+    header = read_header(path, expected_sha256)
+    where = f"export {path}"
+    shapes = {k: t.shape for k, t in header.tensors.items()}
+    parsed = parse_metadata(header.metadata, shapes, where=where)
+    validate_state_dict(header.tensors, parsed.dit_config, where=where)
+    return parsed
+
+
+def read_export(
+    path: Path | str, device: str | torch.device = "cpu", expected_sha256: str | None = None
+) -> tuple[dict[str, torch.Tensor], ExportMeta]:
+    """Load and validate an export: (state dict without prefixes, parsed metadata). The SHA256 (if
+    given), the header and the metadata are checked before any tensor is read."""
+    from safetensors import SafetensorError, safe_open
+
+    parsed = read_export_meta(path, expected_sha256)
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            sd = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ExportError(f"export {path}: tensors cannot be read ({e})") from None
     return sd, parsed

@@ -45,7 +45,7 @@ def verify_sha256(paths: Iterable[Path | str], expected: Mapping[str, str]) -> N
             continue
         got = sha256_file(p)
         if got != want.lower():
-            problems.append(f"{p.name}: sha256 {got} != expected {want}")
+            problems.append(f"{p}: sha256 {got} != expected {want}")
     if problems:
         raise WeightsError("weights failed sha256 verification: " + "; ".join(problems))
 

@@ -50,6 +50,8 @@ class MicroLoss(NamedTuple):
 class DenoiserRun(StageRun):
     section: StageConfig
     ema: Ema | None = None  # a stage that keeps one sets it in build: saved, updated and exported here
+    # the kind of export an export / hand-off init must be: causal (True), bidirectional (False), either
+    init_causal: bool | None = None
 
     def build(self, resume: ResumePoint) -> None:
         self.open_stream(resume)
@@ -81,7 +83,14 @@ class DenoiserRun(StageRun):
         sec = self.section
         self.text = TextBank(load_text_table(self.cfg, sec.data), self.device)
         self.engine = build_engine(sec, self.device, self.precision)
-        model = build_model(self.cfg, sec.model, self.device, self.engine.build_dtype)
+        model = build_model(
+            self.cfg,
+            sec.model,
+            self.device,
+            self.engine.build_dtype,
+            section=f"{self.name}.model",
+            causal=self.init_causal,
+        )
         self.dit_config = model.gc_config
         groups = lambda m: param_groups(m, sec.optim.lr, sec.optim.cond_lr)  # noqa: E731
         if sec.engine == "zero2" and self.device.type == "cpu":
@@ -247,8 +256,11 @@ class DenoiserRun(StageRun):
             ema = self.section.ema
             extra["ema"] = json.dumps({"decay": ema.decay, "start_step": ema.start_step})
         if self.section.model.init in ("export", "handoff"):
-            path, sha = init_export(self.section.model)
-            extra["init_ckpt"] = json.dumps({"path": str(path), "sha256": sha})
+            # named relative to the runs root where it lies there, as hand-offs name exports
+            path, sha = init_export(self.section.model, self.cfg.paths.runs_root)
+            root = Path(self.cfg.paths.runs_root).resolve()
+            name = path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
+            extra["init_ckpt"] = json.dumps({"path": str(name), "sha256": sha})
         return {"extra": extra}
 
     def export(self, step: int) -> list[Path]:

@@ -123,7 +123,7 @@ class StageRun:
         if m.init in ("export", "handoff"):
             from gc25d_core.train.model import init_export
 
-            path, sha = init_export(m)
+            path, sha = init_export(m, self.cfg.paths.runs_root)
             return f"{m.init}:{sha or path}"
         return f"{m.init}:{m.init_seed}" if m.init == "random" else f"{m.init}:{m.wan_dir}"
 
@@ -275,7 +275,14 @@ class StageRun:
         }
         if self.rank == 0 and step >= self.section.max_steps:
             atomic_write_text(self.run_dir / "done.json", json.dumps(summary, sort_keys=True, indent=1))
-            write_handoff(self.run_dir, self.name, step, self.export_dir)
+            write_handoff(
+                self.run_dir,
+                self.name,
+                step,
+                self.export_dir,
+                self.cfg.paths.runs_root,
+                warn=lambda msg: self.rep.log(msg, level="warning"),
+            )
         barrier()
         digest = hashlib.sha256(
             json.dumps([step, exports, summary.get("manifest_sha256")]).encode()

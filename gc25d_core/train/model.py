@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import torch
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.train.config import ModelConfig, StageConfig
+
+if TYPE_CHECKING:
+    from gc25d_core.models.export import ExportMeta
 
 
 def pick_device(cfg: Gc25dConfig) -> torch.device:
@@ -46,8 +49,9 @@ def dit_config_of(cfg: Gc25dConfig, model: ModelConfig):
     return make(vocab=cfg.vocab, **model.overrides)
 
 
-def init_export(m: ModelConfig) -> tuple[Path, str | None]:
-    """The export an ``export`` / ``handoff`` init reads, and the SHA256 it must have."""
+def init_export(m: ModelConfig, runs_root: Path | str) -> tuple[Path, str | None]:
+    """The export an ``export`` / ``handoff`` init reads, and the SHA256 it must have (a hand-off's
+    exports are resolved inside ``runs_root``: gc25d_core.train.handoff)."""
     if m.init == "handoff":
         from gc25d_core.schema import ConfigError
         from gc25d_core.train.handoff import read_handoff
@@ -57,22 +61,69 @@ def init_export(m: ModelConfig) -> tuple[Path, str | None]:
                 "model.init='handoff' needs model.handoff: the upstream stage's teacher.json / final.json "
                 "(the stage asset sets it; by hand: <stage>.model.handoff=<run>/teacher.json)"
             )
-        return read_handoff(m.handoff).pick(m.handoff_export)
+        return read_handoff(m.handoff, runs_root).pick(m.handoff_export)
     assert m.export_path is not None
     return m.export_path, m.export_sha256
 
 
-def _load_init_export(m: ModelConfig, device: torch.device, dtype: torch.dtype):
+def init_source(m: ModelConfig, section: str) -> str:
+    """Where an export init comes from, for errors: the hand-off file and its field, or the config field."""
+    if m.init == "handoff":
+        from gc25d_core.train.handoff import field_of
+
+        return f"hand-off {m.handoff} (field {field_of(m.handoff_export)!r}, from {section}.handoff)"
+    return f"{section}.export_path"
+
+
+def check_init_export(
+    cfg: Gc25dConfig, m: ModelConfig, meta: ExportMeta, path: Path, section: str, causal: bool | None
+) -> None:
+    """What the reading stage needs of its init export, before anything is trained: causal or
+    bidirectional (``causal``; None: either), the project's vocabulary, the latent channels in and
+    out, the text table's width. Raises a ConfigError naming the hand-off file and field."""
+    from gc25d_core.layout import LATENT_CHANNELS
+    from gc25d_core.schema import ConfigError
+
+    d = meta.dit_config
+    problems: list[str] = []
+    if causal is True and meta.causal is None:
+        problems.append("it is bidirectional (causal=false); this stage needs a causal export")
+    if causal is False and meta.causal is not None:
+        problems.append("it is causal; this stage needs a bidirectional export (the SFT teacher)")
+    if meta.vocab != cfg.vocab:
+        problems.append(f"vocab={meta.vocab!r}, the project's ids are vocab={cfg.vocab!r}")
+    for name, want in (
+        ("in_dim", LATENT_CHANNELS),
+        ("out_dim", LATENT_CHANNELS),
+        ("text_dim", cfg.text.dim),
+    ):
+        if getattr(d, name) != want:
+            problems.append(f"{name}={getattr(d, name)}, the data needs {want}")
+    if problems:
+        raise ConfigError(
+            f"{init_source(m, section)}: the export {path} does not fit {section}: " + "; ".join(problems)
+        )
+
+
+def _load_init_export(
+    cfg: Gc25dConfig,
+    m: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    section: str,
+    causal: bool | None,
+):
     """An export init takes the export's architecture: a stage continues the model it starts from,
     so a teacher trained at other dims than the preset's (``model.overrides`` of its stage) is
     picked up as it is. The runtime switches in this stage's overrides apply; an architecture
-    field there must agree with the export."""
+    field there must agree with the export, and the export must fit the stage (``check_init_export``)."""
     from gc25d_core.models.configs import RUNTIME_FIELDS
     from gc25d_core.models.gcdit import GcDiT
     from gc25d_core.models.loading import load_gc_weights
 
-    path, sha = init_export(m)
+    path, sha = init_export(m, cfg.paths.runs_root)
     loaded, meta = load_gc_weights(path, device=device, dtype=dtype, expected_sha256=sha)
+    check_init_export(cfg, m, meta, path, section, causal)
     model = cast(GcDiT, loaded)
     have = meta.dit_config.model_dump()
     clash = {k: v for k, v in m.overrides.items() if k not in RUNTIME_FIELDS and have.get(k) != v}
@@ -86,8 +137,17 @@ def _load_init_export(m: ModelConfig, device: torch.device, dtype: torch.dtype):
     return model
 
 
-def build_model(cfg: Gc25dConfig, m: ModelConfig, device: torch.device, dtype: torch.dtype):
-    """The init: random (seeded, same on every rank), Wan2.2 shards + fresh gc_sem_cond, or an export."""
+def build_model(
+    cfg: Gc25dConfig,
+    m: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    section: str = "model",
+    causal: bool | None = None,
+):
+    """The init: random (seeded, same on every rank), Wan2.2 shards + fresh gc_sem_cond, or an export
+    (``section`` names the config field in errors; ``causal``: what kind of export the stage needs)."""
     from gc25d_core.models.configs import build_gcdit
 
     if m.init == "random":
@@ -107,7 +167,7 @@ def build_model(cfg: Gc25dConfig, m: ModelConfig, device: torch.device, dtype: t
             seed=m.init_seed,
         )
     else:
-        model = _load_init_export(m, device, dtype)
+        model = _load_init_export(cfg, m, device, dtype, section, causal)
     model.track_stats = True  # sem_rms / x_rms of each forward (no_grad, cheap)
     model.check_sem_ids = False  # checked on the host: SampleTransform.prepare and load_val_clips
     if m.attn_backend == "fa4":

@@ -24,6 +24,7 @@ __all__ = ["Stage1Run"]
 class Stage1Run(CausalRun):
     name = "stage1_tf"
     section: Stage1Config
+    init_causal = False  # the SFT teacher: a causal export here would skip what this stage teaches
 
     def micro_loss(self, samples: list[TrainingSample], gen: torch.Generator) -> MicroLoss:
         x0, ids, keys = self.clean_batch(samples)

@@ -74,19 +74,26 @@ def cd_target(
 class Stage2Run(CausalRun):
     name = "stage2_cd"
     section: Stage2Config
+    init_causal = True  # stage 1's final export: its denoise axis and attention are the targets
 
     def build(self, resume: ResumePoint) -> None:
-        from gc25d_core.models.export import read_export
+        from gc25d_core.models.export import read_export_meta
 
-        super().build(resume)
+        super().build(resume)  # builds the student from the hand-off: checked causal there
         sec = self.section
-        path, _ = init_export(sec.model)
-        _, meta = read_export(path)
-        if meta.causal is None or meta.denoise_axis is None:
-            raise ValueError(f"stage 2's teacher {path} is not a causal export (stage 1's final export)")
+        path, _ = init_export(sec.model, self.cfg.paths.runs_root)
+        meta = read_export_meta(path)
+        assert meta.denoise_axis is not None  # a causal export records its axis (parse_metadata)
         self.axis = tuple(float(t) for t in meta.denoise_axis)
         self.teacher = self.engine.frozen(
-            build_model(self.cfg, sec.model, self.device, self.engine.build_dtype)
+            build_model(
+                self.cfg,
+                sec.model,
+                self.device,
+                self.engine.build_dtype,
+                section="stage2_cd.model",
+                causal=True,
+            )
         )
         self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
 

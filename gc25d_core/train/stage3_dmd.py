@@ -89,21 +89,21 @@ def critic_flow_loss(
 class Stage3Run(CausalRun):
     name = "stage3_dmd"
     section: Stage3Config
+    init_causal = True  # the generator: stage 2's EMA export
 
     def build(self, resume: ResumePoint) -> None:
         from gc25d_core.index import read_index
         from gc25d_core.layout import Layout
-        from gc25d_core.models.export import read_export
+        from gc25d_core.models.export import read_export_meta
 
         sec = self.section
         root = Path(sec.data.meta_root or self.cfg.paths.data_root)
         without_ext = tuple(sorted(r.clip_id for r in read_index(Layout(root)) if not r.has_ext))
         self.open_stream(resume, exclude=without_ext)  # the rollout needs the extension's ids and prompts
         self.build_models_and_validation()
-        path, _ = init_export(sec.model)
-        _, meta = read_export(path)
-        if meta.causal is None or meta.denoise_axis is None:
-            raise ValueError(f"stage 3's generator {path} is not a causal export (stage 2's EMA export)")
+        path, _ = init_export(sec.model, self.cfg.paths.runs_root)
+        meta = read_export_meta(path)  # its weights were checked causal when the generator was built
+        assert meta.denoise_axis is not None  # a causal export records its axis (parse_metadata)
         self.axis = tuple(float(t) for t in meta.denoise_axis)
         self.rollout_causal = CausalConfig(
             sink=sec.deploy.sink, window=sec.deploy.window, rope_cap=sec.deploy.rope_cap
@@ -111,8 +111,13 @@ class Stage3Run(CausalRun):
         # the K exit forwards recompute their blocks in backward (model.gradient_checkpointing):
         # without it each holds its activations and the K/V of the cells it saw until the backward
         self.rollout_checkpoint = sec.model.gradient_checkpointing
-        real = build_model(self.cfg, sec.real, self.device, self.engine.build_dtype)
-        critic = build_model(self.cfg, sec.real, self.device, self.engine.build_dtype)
+        # the real score and the critic are bidirectional: the SFT teacher, not a causal export
+        real = build_model(
+            self.cfg, sec.real, self.device, self.engine.build_dtype, section="stage3_dmd.real", causal=False
+        )
+        critic = build_model(
+            self.cfg, sec.real, self.device, self.engine.build_dtype, section="stage3_dmd.real", causal=False
+        )
         co = sec.critic_optim
         self.critic: Trained = self.engine.train(
             "critic", critic, co, lambda m: param_groups(m, co.lr, co.cond_lr)

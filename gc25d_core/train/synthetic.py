@@ -206,7 +206,8 @@ def sft_world(
     from gc25d_core.config import deep_merge
 
     base: dict[str, Any] = {
-        "paths": {"data_root": str(root / "data"), "runs_root": str(root / "runs")},
+        # the runs root is ``root``: the run folders and hand-offs callers make under it lie inside it
+        "paths": {"data_root": str(root / "data"), "runs_root": str(root)},
         "raw": {"root": str(root / "raw")},
         "index": {"val_runs": [VAL_RUN]},
         "cache": {"store": str(root / "cache"), "samples_per_shard": len(starts)},
@@ -225,8 +226,9 @@ def random_teacher(
     cfg: Gc25dConfig, root: Path, seed: int = 0, causal: bool = False, stage: str | None = None
 ) -> Path:
     """A hand-off naming a seeded random tiny GcDiT export: the SFT pick's teacher.json, or with
-    ``causal`` stage 1's final.json (a causal export with the deploy attention and axis). Stands in
-    where a test needs only a valid init, not a trained one."""
+    ``causal`` stage 1's final.json (a causal export with the deploy attention and axis), in
+    ``root/<stage>/``, which must lie inside ``cfg.paths.runs_root``. Stands in where a test needs
+    only a valid init, not a trained one."""
     from gc25d_core.flow import DEPLOY_AXIS
     from gc25d_core.models.configs import DEPLOY_CAUSAL, build_gcdit, tiny_config
     from gc25d_core.models.export import save_export
@@ -245,7 +247,8 @@ def random_teacher(
         else None
     )
     name = FINAL if causal else TEACHER
-    return write_handoff_file(folder / name, handoff_of(stage, 1, Path(export), ema))
+    handoff = handoff_of(stage, 1, Path(export), ema, runs_root=cfg.paths.runs_root)
+    return write_handoff_file(folder / name, handoff)
 
 
 def stage1_world(

@@ -14,6 +14,7 @@ reads the export it names, checking its SHA256. Nothing about the upstream run i
 """
 
 import importlib.util
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -93,10 +94,17 @@ def handoff_path(
             allow_retries=False,
         )
     try:
-        read_handoff(path).pick(source.export)
+        read_handoff(path, cfg.paths.runs_root).pick(source.export)
     except ConfigError as e:
         raise dg.Failure(f"init_from {upstream}: {e}", allow_retries=False) from None
     return path
+
+
+def as_configured(path: Path, runs_root: Path) -> Path:
+    """``path`` (absolute, under the runs root) spelled from the runs root as the config names it: a
+    relative runs root gives a relative path, so the resolved config.yaml a run folder keeps names
+    no checkout (the jobs run from the same folder as the code location, like every relative path)."""
+    return Path(runs_root) / path.relative_to(os.path.abspath(runs_root))
 
 
 # (the run folder, its resolved config, the run log) -> metadata; must not raise (a preview is
@@ -193,7 +201,7 @@ def stage_asset(
             handoffs[field] = handoff_path(project, base, source, context)
             overrides[field] = {
                 "init": "handoff",
-                "handoff": str(handoffs[field]),
+                "handoff": str(as_configured(handoffs[field], base.paths.runs_root)),
                 "handoff_export": source.export,
             }
         try:

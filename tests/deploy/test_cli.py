@@ -60,19 +60,27 @@ def test_cli_errors_name_the_cause(tmp_path, capsys):
 
 
 def test_newest_causal_export_prefers_later_stages(tmp_path, tiny_export):
+    import shutil
+
     from gc25d_core.train.handoff import handoff_of, write_handoff_file
 
     with pytest.raises(NoExportError, match="stage1_tf"):
         newest_causal_export(tmp_path)
+    export = tmp_path / "exports" / tiny_export.name  # hand-offs name exports inside their runs root
+    export.parent.mkdir()
+    shutil.copy(tiny_export, export)
     (tmp_path / "stage1_tf" / "v000001").mkdir(parents=True)
-    write_handoff_file(tmp_path / "stage1_tf/v000001/final.json", handoff_of("stage1_tf", 5, tiny_export))
+    write_handoff_file(
+        tmp_path / "stage1_tf/v000001/final.json", handoff_of("stage1_tf", 5, export, runs_root=tmp_path)
+    )
     assert newest_causal_export(tmp_path).source == "stage1_tf/v000001 (export)"
     (tmp_path / "stage3_dmd" / "v000001").mkdir(parents=True)
     write_handoff_file(
-        tmp_path / "stage3_dmd/v000001/final.json", handoff_of("stage3_dmd", 5, tiny_export, tiny_export)
+        tmp_path / "stage3_dmd/v000001/final.json",
+        handoff_of("stage3_dmd", 5, export, export, runs_root=tmp_path),
     )
     found = newest_causal_export(tmp_path)
-    assert found.source == "stage3_dmd/v000001 (ema)" and found.path == tiny_export.resolve()
+    assert found.source == "stage3_dmd/v000001 (ema)" and found.path == export.resolve()
 
 
 def test_scripts_and_keys_to_blocks():

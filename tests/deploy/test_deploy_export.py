@@ -32,7 +32,9 @@ def _chain(tmp_path: Path) -> Path:
 
 def test_deploy_export_keeps_the_causal_metadata_and_the_init_chain(tmp_path):
     s3 = _chain(tmp_path)
-    summary = write_deploy_export(s3, tmp_path / "deploy.safetensors", expected_sha256=sha256_file(s3))
+    summary = write_deploy_export(
+        s3, tmp_path / "deploy.safetensors", expected_sha256=sha256_file(s3), runs_root=tmp_path
+    )
     sd, meta = read_export(tmp_path / "deploy.safetensors")
     src, _ = read_export(s3)
     assert set(sd) == set(src) and all(v.dtype == src[k].dtype for k, v in sd.items())
@@ -69,10 +71,10 @@ def test_deploy_export_asset_and_its_check(tmp_path):
     from gc25d_pipeline.defs.deploy.assets import deploy_export
     from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 
-    s3 = _chain(tmp_path)
+    s3 = _chain(tmp_path / "runs" / "exports")  # a hand-off names exports inside its runs root
     run = tmp_path / "runs" / "stage3_dmd" / "v000001"
     run.mkdir(parents=True)
-    write_handoff_file(run / "final.json", handoff_of("stage3_dmd", 5, s3, s3))
+    write_handoff_file(run / "final.json", handoff_of("stage3_dmd", 5, s3, s3, runs_root=tmp_path / "runs"))
     project = Gc25dProject(preset="tiny", store=ArtifactStore(runs_root=str(tmp_path / "runs")))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
@@ -83,8 +85,11 @@ def test_deploy_export_asset_and_its_check(tmp_path):
     checks = result.get_asset_check_evaluations()
     assert [(c.check_name, c.passed) for c in checks] == [("deploy_contract", True)]
     out = tmp_path / "runs" / "deploy_export" / "v000001"
-    handoff = read_handoff(out / "final.json")
+    handoff = read_handoff(out / "final.json", tmp_path / "runs")
     assert handoff.stage == "deploy" and handoff.export == (out / "deploy.safetensors").resolve()
+    assert (
+        json.loads((out / "final.json").read_text())["export"] == "deploy_export/v000001/deploy.safetensors"
+    )
     mat = result.asset_materializations_for_node("deploy_export")[0]
     assert mat.metadata["sha256"].value == handoff.sha256
 
@@ -115,3 +120,22 @@ def test_eval_leaves_out_a_deploy_copy_of_an_export_it_evaluates(tmp_path):
     assert skipped == ["deploy: the same weights as stage3_dmd_ema (its deploy copy)"]
     kept, skipped = _without_deployed_copies([dep], [])  # its source not evaluated: the copy is
     assert [e.label for e in kept] == ["deploy"] and skipped == []
+
+
+def test_the_init_chain_is_followed_inside_the_runs_root_after_each_hash(tmp_path):
+    """init_ckpt names a file relative to the runs root; one outside it is not read, and one whose
+    bytes are not the recorded ones ends the chain before its header is parsed."""
+    from gc25d_core.deploy.export import init_chain
+
+    runs = tmp_path / "runs"
+    s1 = write_tiny_export(runs / "stage1_tf" / "s1.safetensors", stage="stage1_tf")
+    ref = {"path": "stage1_tf/s1.safetensors", "sha256": sha256_file(s1)}
+    (item,) = init_chain({"init_ckpt": json.dumps(ref)}, runs)
+    assert item["found"] and item["stage"] == "stage1_tf"
+    outside = write_tiny_export(tmp_path / "s0.safetensors", stage="sft")
+    for name in ("../s0.safetensors", str(outside)):
+        (item,) = init_chain({"init_ckpt": json.dumps({"path": name, "sha256": sha256_file(outside)})}, runs)
+        assert not item["found"] and "stage" not in item
+    (item,) = init_chain({"init_ckpt": json.dumps({**ref, "sha256": "0" * 64})}, runs)
+    assert item["found"] and item["sha256_ok"] is False and "stage" not in item
+    assert init_chain({"init_ckpt": json.dumps(ref)}) == [{**ref, "found": False}]  # no runs root

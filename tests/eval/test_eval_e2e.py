@@ -3,6 +3,7 @@ a tiny world with extensions, the same cases for both, reports on disk, and the 
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -18,7 +19,7 @@ from gc25d_core.eval.evaluate import (
     vae_decoder,
 )
 from gc25d_core.eval.report import write_reports
-from gc25d_core.train.handoff import FINAL, TEACHER, read_handoff, write_handoff_file
+from gc25d_core.train.handoff import FINAL, TEACHER, read_handoff
 from tests.eval.world import eval_world
 from tests.train.world import random_teacher
 
@@ -59,10 +60,10 @@ def test_causal_and_teacher_exports_answer_the_same_cases(world):
     assert clip.num_cells == 24 and chain.num_cells == 27
     assert [g for g in range(27) if not chain.has_gt[g]] == [21, 22, 23, 24]
     ref = Reference(clips, toy_decode)
-    exports = exports_of_handoff("stage1_tf", stage1) + exports_of_handoff("sft", teacher)
+    exports = exports_of_handoff("stage1_tf", stage1, root) + exports_of_handoff("sft", teacher, root)
     results = [evaluate_export(e, cfg, FAST, cases, ref) for e in exports]
     assert [r["sampler"]["kind"] for r in results] == ["causal", "teacher"]
-    assert results[0]["sampler"]["denoise_axis"] == list(read_export_axis(stage1))
+    assert results[0]["sampler"]["denoise_axis"] == list(read_export_axis(stage1, root))
     for r in results:
         for sweep in ("clip28", "chain241"):
             s = r["sweeps"][sweep]
@@ -81,10 +82,10 @@ def test_causal_and_teacher_exports_answer_the_same_cases(world):
     assert not list((root / "eval").rglob(".tmp-*"))
 
 
-def read_export_axis(handoff: Path) -> tuple[float, ...]:
+def read_export_axis(handoff: Path, runs_root: Path) -> tuple[float, ...]:
     from gc25d_core.models.export import read_export
 
-    _, meta = read_export(read_handoff(handoff).export)
+    _, meta = read_export(read_handoff(handoff, runs_root).export)
     assert meta.denoise_axis is not None
     return meta.denoise_axis
 
@@ -103,7 +104,7 @@ def test_identical_rollouts_score_zero_error(world):
             (case,) = [c for cs in cases.values() for c in cs if c.num_cells == num_cells]
             return ref.latents(case)[None]
 
-    (export,) = exports_of_handoff("oracle", stage1)
+    (export,) = exports_of_handoff("oracle", stage1, root)
     r = evaluate_export(export, cfg, FAST, cases, ref, sampler=Oracle())
     for sweep in ("clip28", "chain241"):
         reg = r["sweeps"][sweep]["regions"]["1_20"]
@@ -143,14 +144,18 @@ def test_report_files_are_written_atomically(world, monkeypatch):
     assert not list(out.rglob(".tmp-*"))
 
 
-def test_eval_asset_evaluates_what_exists(world, tmp_path):
+def test_eval_asset_evaluates_what_exists(world):
     from gc25d_pipeline.defs.eval.assets import eval_asset
     from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 
     root, cfg, stage1, teacher = world
-    runs = tmp_path / "runs"
-    write_handoff_file(runs / "sft" / "v000001" / TEACHER, read_handoff(teacher))
-    write_handoff_file(runs / "stage1_tf" / "v000001" / FINAL, read_handoff(stage1))
+    runs = root  # the world's runs root: the hand-offs name exports inside it
+    for handoff, folder in (
+        (teacher, runs / "sft" / "v000001" / TEACHER),
+        (stage1, runs / "stage1_tf" / "v000001" / FINAL),
+    ):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(handoff, folder)
     project = Gc25dProject(
         preset="tiny",
         overrides=[f"cache.store={cfg.cache.store}"],

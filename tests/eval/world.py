@@ -23,7 +23,8 @@ def eval_world(root: Path, starts: tuple[int, ...] = EVAL_STARTS) -> Gc25dConfig
     cfg = load_config(
         "tiny",
         {
-            "paths": {"data_root": str(root / "data"), "runs_root": str(root / "runs")},
+            # the runs root is ``root``: hand-offs made under it (random_teacher) name exports inside it
+            "paths": {"data_root": str(root / "data"), "runs_root": str(root)},
             "raw": {"root": str(root / "raw")},
             "index": {"val_runs": [VAL_RUN]},
             "cache": {"store": str(root / "cache"), "samples_per_shard": len(starts)},

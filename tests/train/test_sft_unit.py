@@ -204,6 +204,8 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
         "val": {"every": 3, "num_clips": 1},
     }
     cfg = with_sft(world, "tiny", sft)
+    # the run folders lie in the runs root, where the hand-off final.json names their exports
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"runs_root": tmp_path})})
     full = run_stage(cfg, "sft", tmp_path / "full", StdoutReporter(rank=0))
     assert full["final_step"] == 6 and full["state_slots"] == ["step-000004", "step-000006"]
     part = run_stage(cfg, "sft", tmp_path / "part", StdoutReporter(rank=0), max_steps=4)

@@ -145,5 +145,5 @@ def test_stage2_refuses_a_teacher_that_is_not_causal(tmp_path):
 
     bidirectional = random_teacher(cfg, tmp_path)  # an SFT teacher.json, not stage 1's export
     cfg = with_stage(cfg, "stage2_cd", "tiny", {"engine": "torch", "model": {"handoff": str(bidirectional)}})
-    with pytest.raises(ValueError, match="not a causal export"):
+    with pytest.raises(ValueError, match="needs a causal export"):
         Stage2Run(cfg, stage_config(cfg, "stage2_cd"), tmp_path / "run", StdoutReporter(rank=0)).run()

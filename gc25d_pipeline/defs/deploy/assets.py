@@ -65,21 +65,22 @@ def deploy_export(
                 allow_retries=False,
             )
         try:
-            path, sha = read_handoff(handoff).pick(config.which)
+            path, sha = read_handoff(handoff, cfg.paths.runs_root).pick(config.which)
         except ConfigError as e:
             raise dg.Failure(f"deploy_export: {e}", allow_retries=False) from None
         source, label = str(path), f"{config.source} ({config.which})"
     run_dir = project.run_dir(cfg, "deploy_export", context)
     out = run_dir / "deploy.safetensors"
     try:
-        summary = write_deploy_export(source, out, expected_sha256=sha)
+        summary = write_deploy_export(source, out, expected_sha256=sha, runs_root=cfg.paths.runs_root)
         model, meta = load_deploy_model(out, vocab=cfg.vocab, expected_sha256=summary["sha256"])
     except (ExportError, ValueError) as e:
         raise dg.Failure(f"deploy_export from {label}: {e}", allow_retries=False) from None
     num_keys = len(model.state_dict())
     problems = contract_problems(meta, num_keys)
     del model
-    write_handoff_file(run_dir / FINAL, handoff_of("deploy", int(meta.extra.get("step", "0") or 0), out))
+    step = int(meta.extra.get("step", "0") or 0)
+    write_handoff_file(run_dir / FINAL, handoff_of("deploy", step, out, runs_root=cfg.paths.runs_root))
     check = dg.AssetCheckResult(
         check_name="deploy_contract",
         passed=not problems,

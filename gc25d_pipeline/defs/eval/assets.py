@@ -61,7 +61,7 @@ def available_exports(
             skipped.append(f"{src.label}: no {path}")
             continue
         try:
-            exports += exports_of_handoff(src.label, path)
+            exports += exports_of_handoff(src.label, path, cfg.paths.runs_root)
         except ConfigError as e:
             raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
     return _without_deployed_copies(exports, skipped)
@@ -77,7 +77,7 @@ def _without_deployed_copies(
     by_sha = {e.sha256: e.label for e in exports if e.sha256 is not None}
     kept: list[EvalExport] = []
     for e in exports:
-        source = deployed_from(e.path)
+        source = deployed_from(e.path, e.sha256)  # the file's hash is checked before its header is read
         if source is not None and source in by_sha and by_sha[source] != e.label:
             skipped.append(f"{e.label}: the same weights as {by_sha[source]} (its deploy copy)")
             continue

@@ -54,7 +54,8 @@ def sft_teacher(
 ) -> dg.MaterializeResult:
     """SPEC §10: lowest mean cond val mse among steps ≥ min_step, the latest within rel_tol of it;
     written to <sft run folder>/teacher.json for the next stage."""
-    run_dir = project.run_dir(project.config(), run_folder_of(sft), context).resolve()
+    cfg = project.config()
+    run_dir = project.run_dir(cfg, run_folder_of(sft), context).resolve()
     resolved = run_dir / "config.yaml"
     if not resolved.is_file():
         raise dg.Failure(f"{resolved} does not exist: materialize sft for {context.partition_key} first")
@@ -67,14 +68,16 @@ def sft_teacher(
         raise dg.Failure(f"no SFT teacher can be picked in {run_dir}: {e}") from None
     assert pick.path is not None  # pick_sft_run always names the export
     ema = pick.path.parent / "ema" / pick.path.name  # the step's EMA export, where SFT keeps one
-    handoff = handoff_of("sft", pick.step, pick.path, ema if ema.is_file() else None)
+    handoff = handoff_of(
+        "sft", pick.step, pick.path, ema if ema.is_file() else None, runs_root=cfg.paths.runs_root
+    )
     teacher = write_handoff_file(run_dir / TEACHER, handoff)
     pick_md = {k: v for k, v in pick.metadata().items() if k != "path"}  # the export is in handoff
     return dg.MaterializeResult(
         metadata={
             **pick_md,
             "handoff": dg.MetadataValue.path(str(teacher)),
-            "export": dg.MetadataValue.path(str(handoff.export)),
+            "export": dg.MetadataValue.path(str(pick.path)),
             "sha256": handoff.sha256,
         },
         # the export's hash: a re-trained run that exports the same step is a new teacher
