@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,8 @@ import torch
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.eval import metrics as M
+from gc25d_core.eval.spec import EvalConfig, EvalExport
+from gc25d_core.eval.spec import exports_of_handoff as exports_of_handoff  # its home is eval.spec
 from gc25d_core.eval.sweeps import (
     REGIONS,
     Case,
@@ -35,8 +36,6 @@ from gc25d_core.eval.sweeps import (
     select_chain241,
     select_clip28,
 )
-from gc25d_core.eval.spec import EvalConfig, EvalExport
-from gc25d_core.eval.spec import exports_of_handoff as exports_of_handoff  # its home is eval.spec
 
 Decode = Callable[[torch.Tensor], torch.Tensor]
 
@@ -335,39 +334,40 @@ def roll_cases(
     rank: int = 0,
     world_size: int = 1,
 ) -> CaseResults:
-    """Roll out and score this rank's share of the cases (case i of a sweep on rank i % world_size).
-    A case's noise depends on (seed, sweep, case id) alone, so a case scores the same on any rank."""
+    """Roll out and score this rank's share of the cases: the n-th case of all sweeps in order on
+    rank n % world_size. A case's noise depends on (seed, sweep, case id) alone, so a case scores
+    the same on any rank."""
     from gc25d_core.train.data import seed_int
     from gc25d_core.train.model import pick_device
 
     device = pick_device(cfg)
     decode = ref.decode if ecfg.decode else None
+    every = [(sweep, i) for sweep, sweep_cases in cases.items() for i in range(len(sweep_cases))]
     out: CaseResults = {}
-    for sweep, sweep_cases in cases.items():
-        for i in range(rank, len(sweep_cases), world_size):
-            case = sweep_cases[i]
-            assert case.other_ids is not None and case.other_keys is not None
-            rolls = []
-            for ids, keys in ((case.ids, case.keys), (case.other_ids, case.other_keys)):
-                gen = torch.Generator(device).manual_seed(seed_int(ecfg.seed, sweep, case.case_id))
-                rolls.append(sampler(case.anchor[None], ids[None], keys, case.num_cells, gen)[0].cpu())
-            frames = None
-            if decode is not None:
-                frames = (
-                    M.to_uint8_frames(decode(rolls[0][None])),
-                    M.to_uint8_frames(decode(rolls[1][None])),
-                )
-            scored = score_case(case, rolls[0], rolls[1], ref, ecfg.psnr_cap_db, frames)
-            rollout = None
-            if i < keep_rollouts:
-                rollout = {
-                    "case": case,
-                    "latents": rolls[0],
-                    "frames": None if frames is None else frames[0],
-                    "gt_frames": None if frames is None else ref.frames(case, frames[0]),
-                }
-            out[sweep, i] = (scored, rollout)
-            log(f"{label} {sweep} {case.case_id}: latent mse {scored['regions']['all']['latent_mse']:.4g}")
+    for sweep, i in every[rank::world_size]:
+        case = cases[sweep][i]
+        assert case.other_ids is not None and case.other_keys is not None
+        rolls = []
+        for ids, keys in ((case.ids, case.keys), (case.other_ids, case.other_keys)):
+            gen = torch.Generator(device).manual_seed(seed_int(ecfg.seed, sweep, case.case_id))
+            rolls.append(sampler(case.anchor[None], ids[None], keys, case.num_cells, gen)[0].cpu())
+        frames = None
+        if decode is not None:
+            frames = (
+                M.to_uint8_frames(decode(rolls[0][None])),
+                M.to_uint8_frames(decode(rolls[1][None])),
+            )
+        scored = score_case(case, rolls[0], rolls[1], ref, ecfg.psnr_cap_db, frames)
+        rollout = None
+        if i < keep_rollouts:
+            rollout = {
+                "case": case,
+                "latents": rolls[0],
+                "frames": None if frames is None else frames[0],
+                "gt_frames": None if frames is None else ref.frames(case, frames[0]),
+            }
+        out[sweep, i] = (scored, rollout)
+        log(f"{label} {sweep} {case.case_id}: latent mse {scored['regions']['all']['latent_mse']:.4g}")
     return out
 
 

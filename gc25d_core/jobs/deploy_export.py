@@ -35,7 +35,9 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
         raise ExportError(f"deploy_export from {args.label}: {e}") from None
     s = {**s, "source_label": args.label, "source_path": str(args.source)}
     atomic_write_text(args.summary, json.dumps(s, indent=1))
-    write_handoff_file(args.run_dir / FINAL, handoff_of("deploy", s["step"], out, runs_root=cfg.paths.runs_root))
+    write_handoff_file(
+        args.run_dir / FINAL, handoff_of("deploy", s["step"], out, runs_root=cfg.paths.runs_root)
+    )
     rep.log(f"{out}: {s['keys']} keys, contract problems: {s['problems'] or 'none'}")
     rep.materialize(
         {"sha256": s["sha256"], "source": args.label, "keys": s["keys"], "problems": s["problems"]},

@@ -74,7 +74,18 @@ def deploy_export(
         source, label = str(path), f"{config.source} ({config.which})"
     run_dir = project.run_dir(cfg, "deploy_export", context)
     out, summary_file = run_dir / "deploy.safetensors", run_dir / "deploy.json"
-    args = ["--source", source, "--sha256", sha, "--label", label, "--out", str(out), "--summary", str(summary_file)]
+    args = [
+        "--source",
+        source,
+        "--sha256",
+        sha,
+        "--label",
+        label,
+        "--out",
+        str(out),
+        "--summary",
+        str(summary_file),
+    ]
     one_rank = torchrun.model_copy(update={"nproc_per_node": 1, "nnodes": 1})  # one file to write
     one_rank.launch(context, "gc25d_core.jobs.deploy_export", cfg, run_dir, args)
     summary = json.loads(summary_file.read_text())
