@@ -72,15 +72,9 @@ def test_the_step_process_imports_no_model_code_for_deploy_export_and_eval(tmp_p
         (runs / folder / "v000001").mkdir(parents=True, exist_ok=True)
         shutil.copy(handoff, runs / folder / "v000001" / name)
     args = {"store": str(cfg.cache.store), "data": str(cfg.paths.data_root), "runs": str(runs)}
+    step = [sys.executable, "-c", STEP, json.dumps({**args, "heavy": HEAVY})]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", STEP, json.dumps({**args, "heavy": HEAVY})],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = subprocess.run(step, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["success"], proc.stderr[-6000:]
