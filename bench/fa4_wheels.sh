@@ -5,10 +5,10 @@
 # nvidia-cutlass-dsl-libs-cu13. That wheel (92 MB) is over the device's 64 MiB carry limit per call,
 # so the wheels are split over three folders, carried one per call of the same lease:
 #   here:  bash bench/fa4_wheels.sh                  -> .fa4/1 .fa4/2 .fa4/3 (git-ignored)
-#   there: call 1, carry [".fa4/1"]:                 bash bench/h200_pending.sh fa4-stage .fa4/1
-#          call 2, carry [".fa4/2"]:                 bash bench/h200_pending.sh fa4-stage .fa4/2
-#          call 3, carry [".whl", ".fa4/3"]:         bash bench/h200_pending.sh fa4-stage .fa4/3 && bash bench/h200_pending.sh fa4
-#          (or `... fa4-install` in call 3, then `bash bench/h200_pending.sh sft2 v10,v10+fa4` with carry [".whl"])
+#   there: call 1, carry [".fa4/1"]:                 python3 -m bench.suites fa4-stage .fa4/1
+#          call 2, carry [".fa4/2"]:                 python3 -m bench.suites fa4-stage .fa4/2
+#          call 3, carry [".whl", ".fa4/3"]:         python3 -m bench.suites fa4-stage .fa4/3 && python3 -m bench.suites fa4
+#          (or `... fa4-install` in call 3, then `python3 -m bench.suites sft2 v10,v10+fa4` with carry [".whl"])
 # (all three calls back to back: the machine keeps /tmp only while it stays warm)
 set -eu
 grep -qx '/.fa4/' .git/info/exclude || echo '/.fa4/' >> .git/info/exclude

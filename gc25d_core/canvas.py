@@ -44,7 +44,7 @@ Values are packed uint16 ``(stamp << 8) | id`` with stamp = source frame + 1, co
 (deterministic). Everything is vectorised numpy over pixels; loops run over frames, levels and (for
 the pop-up contact scan) rows.
 
-Measured on the code world with bench/ext_canvas_stats.py and docs/benchmarks.md (beside the SPEC's
+Measured on the code world with bench/probes/ext_canvas_stats.py and docs/benchmarks.md (beside the SPEC's
 97–98 % static agreement on in-look frames and ~17 % unknown in extension frames): 93–94 % in-look;
 ground and sky agree up to resolution, upright ids carry the error of their one-frame depth. A clip's
 canvas takes ≈ 21 s on one idle core at 832×480 (the pop-up scan and the carving), each re-rendered
@@ -825,7 +825,7 @@ def build_ext_canvas(
     }
 
 
-# --- measurement helpers (bench/ext_canvas_stats.py, tests) --------------------------------------
+# --- measurement helpers (bench/probes/ext_canvas_stats.py, tests) --------------------------------------
 
 
 def static_agreement(rendered: np.ndarray, real: np.ndarray) -> dict[str, float]:

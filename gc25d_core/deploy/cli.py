@@ -35,14 +35,24 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fold-commit", action="store_true", help="fold each commit into the next forward")
     p.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
     p.add_argument(
+        "--exact",
+        action="store_true",
+        help="the exact eager path (the oracle) instead of the fast path that is the default on CUDA",
+    )
+    p.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="static KV buffers + CUDA graphs of the steady-state forwards (GPU; same latents)",
+        help="static KV buffers + CUDA graphs of every cell's forwards (GPU; same latents; default on CUDA)",
     )
     p.add_argument(
         "--fast-decode",
         action="store_true",
-        help="bf16 lean channels-last VAE decode (GPU; frames within a few uint8 steps of fp32)",
+        help="bf16 lean channels-last VAE decode (GPU; frames within a few uint8 steps of fp32; default on CUDA)",
+    )
+    p.add_argument(
+        "--decode-stream",
+        action="store_true",
+        help="decode on a second CUDA stream while the next cell denoises (frames one cell later)",
     )
 
 
@@ -90,6 +100,34 @@ def _config(args: argparse.Namespace):
     return load_config(args.preset, args.set)
 
 
+def session_device(device: str | None, preset_device: str) -> str:
+    """``--device``, else the preset's where it is available (what open_session would pick)."""
+    if device:
+        return device
+    import torch
+
+    return "cuda" if preset_device == "cuda" and torch.cuda.is_available() else "cpu"
+
+
+def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
+    """The session's options: on CUDA the fast path (CUDA graphs of every cell + the lean bf16
+    decode: the exact path's latents, bench/deploy.py's whole-loop figures) unless ``--exact``;
+    on a CPU the exact path (the levers are GPU ones)."""
+    if args.exact and (args.cuda_graphs or args.fast_decode or args.decode_stream):
+        raise ValueError("--exact contradicts --cuda-graphs / --fast-decode / --decode-stream")
+    fast = cuda and not args.exact
+    decode_fast = args.fast_decode or fast
+    return RuntimeOptions(
+        seed=args.seed,
+        fold_commit=args.fold_commit,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs or (fast and not args.fold_commit),  # a fold needs the KVCache
+        decode_dtype="bf16" if decode_fast else "fp32",
+        decode_fast=decode_fast,
+        decode_stream=args.decode_stream,
+    )
+
+
 def open_from_args(args: argparse.Namespace):
     from gc25d_core.deploy.locate import newest_causal_export
     from gc25d_core.deploy.session import open_session
@@ -99,14 +137,8 @@ def open_from_args(args: argparse.Namespace):
     if export is None:
         found = newest_causal_export(cfg.paths.runs_root)
         export, sha, source = found.path, found.sha256, found.source
-    opts = RuntimeOptions(
-        seed=args.seed,
-        fold_commit=args.fold_commit,
-        compile=args.compile,
-        cuda_graphs=args.cuda_graphs,
-        decode_dtype="bf16" if args.fast_decode else "fp32",
-        decode_fast=args.fast_decode,
-    )
+    device = session_device(args.device, cfg.device)
+    opts = runtime_options(args, cuda=device == "cuda")
     world = WorldConfig(scene=args.scene, seed=args.world_seed)
     session = open_session(
         export,
@@ -114,7 +146,7 @@ def open_from_args(args: argparse.Namespace):
         world=world,
         options=opts,
         anchor_image=args.anchor,
-        device=args.device,
+        device=device,
         expected_sha256=sha,
     )
     return session, cfg, f"{export} [{source}]"

@@ -132,6 +132,7 @@ class CellTimes:
     """Seconds of one cell's parts (device-synchronised when timing is on)."""
 
     world: float = 0.0
+    upload: float = 0.0
     denoise: float = 0.0
     commit: float = 0.0
     decode: float = 0.0
@@ -236,6 +237,8 @@ class DeployRuntime:
         self.generator = torch.Generator(self.device).manual_seed(opts.seed)
         self.timing = False
         self.cell = 0
+        self._valid_lut: torch.Tensor | None = None
+        self.warmup_s = 0.0
 
     # -- pieces ------------------------------------------------------------------------------------
 
@@ -268,6 +271,8 @@ class DeployRuntime:
         return self.text.select(self._key_idx[key])
 
     def _ids(self, ids: np.ndarray | torch.Tensor, frames: int) -> torch.Tensor:
+        if isinstance(ids, torch.Tensor) and ids.device.type != "cpu":
+            return self._device_ids(ids, frames)
         a = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
         if a.ndim == 3:
             a = a[None]
@@ -275,6 +280,24 @@ class DeployRuntime:
             raise ValueError(f"ids of a cell must be uint8 [{frames}, H, W], got {list(a.shape)}")
         check_ids(a, self.meta.vocab, "cell ids")
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).to(self.device)
+
+    def _device_ids(self, ids: torch.Tensor, frames: int) -> torch.Tensor:
+        """Ids already on the device (the world's torch renderer): the same checks as the host path,
+        on the device (one 256-entry table lookup; its verdict costs one small sync)."""
+        from gc25d_core.vocab import valid_raw_ids
+
+        a = ids[None] if ids.ndim == 3 else ids
+        if a.ndim != 4 or a.shape[1] != frames or a.dtype != torch.uint8:
+            raise ValueError(f"ids of a cell must be uint8 [{frames}, H, W], got {a.dtype} {list(a.shape)}")
+        if a.device != self.device:
+            raise ValueError(f"cell ids are on {a.device}, the session runs on {self.device}")
+        if self._valid_lut is None:
+            lut = torch.zeros(256, dtype=torch.bool)
+            lut[list(valid_raw_ids(self.meta.vocab))] = True
+            self._valid_lut = lut.to(self.device)
+        if not bool(self._valid_lut[a.long()].all()):
+            check_ids(a.cpu().numpy(), self.meta.vocab, "cell ids")  # raises, naming the values
+        return a
 
     def _decode(self, z: torch.Tensor) -> list[np.ndarray]:
         """Frames ready now (in cell order): this cell's, or with the side stream the previous one's."""
@@ -312,6 +335,30 @@ class DeployRuntime:
     # -- the session -------------------------------------------------------------------------------
 
     @torch.no_grad()
+    def warm_up(self, anchor: torch.Tensor, ids0: np.ndarray, key0: str, cells: int | None = None) -> float:
+        """Load-time, on a GPU: a throwaway session (the anchor, then ``cells`` cells of frame 0's
+        ids; default: through every window fill level past the RoPE cap) so that a player's
+        session runs the fast path from its first cell: the CUDA graphs of every fill level
+        captured (``GraphedKVForward``, on the cache the next sessions reuse), the decode's
+        convolutions autotuned, compiled kernels built. Its frames and latents are dropped; the
+        next ``start`` reseeds the noise and resets the cache and the decoder. Returns seconds."""
+        if not self.cuda:
+            return 0.0
+        t0 = time.perf_counter()
+        spec = self.spec
+        n = cells if cells is not None else max(spec.rope_cap or 0, spec.sink + (spec.window or 0) - 1) + 2
+        ids = np.asarray(ids0)
+        ids4 = np.repeat(ids.reshape(-1, *ids.shape[-2:])[-1:], 4, axis=0)
+        self.start(anchor, ids, key0)
+        for _ in range(n):
+            self.step(ids4, key0)
+        self.flush()
+        self.sync()
+        self.cell = 0
+        self.warmup_s = time.perf_counter() - t0
+        return self.warmup_s
+
+    @torch.no_grad()
     def start(self, anchor: torch.Tensor, ids0: np.ndarray, key0: str) -> list[np.ndarray]:
         """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
         if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
@@ -330,14 +377,18 @@ class DeployRuntime:
         return self._decode(anchor.to(self.device))
 
     @torch.no_grad()
-    def step(self, ids4: np.ndarray, key: str, world_s: float = 0.0) -> CellOut:
-        """Denoise + commit the next cell under its 4 frames of ids and its prompt, then decode."""
+    def step(self, ids4: np.ndarray | torch.Tensor, key: str, world_s: float = 0.0) -> CellOut:
+        """Denoise + commit the next cell under its 4 frames of ids (host, or already on the
+        device) and its prompt, then decode."""
         t0 = time.perf_counter()
         times = CellTimes(world=world_s)
         self.forward.on = self.timing
         self.forward.times = {"denoise": 0.0, "commit": 0.0}
         self.forward.each = []
         sem, text = self._ids(ids4, 4), self.text_of(key)
+        if self.timing:
+            self.sync()
+            times.upload = time.perf_counter() - t0
         x0 = self.streamer.step(text, sem, generator=self.generator)
         self.sync()  # one sync per cell: the live page shows denoise and decode apart
         t1 = time.perf_counter()
@@ -352,6 +403,6 @@ class DeployRuntime:
         times.forwards = list(self.forward.each)
         times.decode = t2 - t1
         times.total = t2 - t0 + world_s
-        times.host = max(0.0, (t1 - t0) - times.denoise - times.commit) if self.timing else 0.0
+        times.host = max(0.0, (t1 - t0) - times.upload - times.denoise - times.commit) if self.timing else 0.0
         self.cell += 1
         return CellOut(self.cell - 1, frames, x0, times)

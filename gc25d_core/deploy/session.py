@@ -42,8 +42,15 @@ class StepOut:
     cell: int
     block: np.ndarray
     key: str
-    ids: np.ndarray  # uint8 [4, H, W] the cell's condition
+    cond: np.ndarray | torch.Tensor  # uint8 [4, H, W] the cell's condition, where the world made it
     out: CellOut
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The condition on the host (copied from the device on first use: the page shows it)."""
+        if isinstance(self.cond, torch.Tensor):
+            self.cond = self.cond.cpu().numpy()
+        return self.cond
 
 
 class LiveSession:
@@ -53,22 +60,39 @@ class LiveSession:
         self.runtime, self.world, self.encoder = runtime, world, encoder
         self.anchor_rgb = anchor_rgb
         self.ids0: np.ndarray | None = None
+        self._latent: torch.Tensor | None = None
 
-    def start(self) -> list[np.ndarray]:
+    def prepare(self) -> None:
+        """Load-time work of ``start``: the world's frame 0 (its RGB is a CPU ray cast of seconds at
+        832×480), the anchor's VAE encode (both depend on the config alone, so they are kept and
+        every ``start`` after this only resets the world and prefills the anchor), the world's
+        compile and the runtime's warm-up (``DeployRuntime.warm_up``: graphs, autotune)."""
         from gc25d_core.models.vae import encode_frames
 
+        if self._latent is not None:
+            return
+        self.world.warm_up()
         rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)
         anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
         assert anchor is not None
+        self._latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
+        self.runtime.warm_up(self._latent, ids0, key0)  # graphs + autotune (GPU), before any frame
+
+    def start(self) -> list[np.ndarray]:
+        self.prepare()
+        rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)  # frame 0 is kept
+        anchor = self.anchor_rgb if self.anchor_rgb is not None else rgb
+        assert anchor is not None and self._latent is not None
         self.anchor_frame = anchor
         self.ids0 = ids0
-        latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
-        return self.runtime.start(latent, ids0, key0)
+        return self.runtime.start(self._latent, ids0, key0)
 
     def step(self, block: Any) -> StepOut:
         t0 = time.perf_counter()
         block = np.asarray(block)
         ids4, key = self.world.advance(block)
+        if self.runtime.timing:  # the world's device work counted as the world's, not the denoise's
+            self.runtime.sync()
         world_s = time.perf_counter() - t0
         out = self.runtime.step(ids4, key, world_s=world_s)
         return StepOut(out.cell, block.astype(np.uint8), key, ids4, out)
@@ -96,4 +120,7 @@ def open_session(
         export, table, vae, vocab=cfg.vocab, device=dev, expected_sha256=expected_sha256, options=options
     )
     anchor = read_anchor_image(anchor_image, cfg) if anchor_image is not None else None
-    return LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry), vae, anchor)
+    # the world renders its ids where the model reads them (torch renderer) or on the CPU (numpy)
+    session = LiveSession(runtime, LiveWorld(world or WorldConfig(), cfg.geometry, device=dev), vae, anchor)
+    session.prepare()
+    return session

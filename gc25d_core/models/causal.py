@@ -444,6 +444,20 @@ class StaticKVCache(KVCache):
         self._gather: dict[tuple[int, ...], torch.Tensor] = {}
         self._tables: tuple[int, tuple[int, ...]] | None = None
         self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
+        self.grid_key: tuple[Any, ...] | None = None  # (latent hw, device, dtype) a streamer reuses it for
+
+    def reset(self) -> None:
+        """Empty for a new session, keeping every buffer (the graphs captured against them stay
+        valid: a session's first cells replay what load-time warm-up captured)."""
+        self.cells = []
+        self._cell = None
+        self._pending.clear()
+        self._rotated_for = None
+        self._tables = None
+
+    def fill(self, cell: int) -> int:
+        """How many cached cells query ``cell`` sees (after its eviction): the forward's shapes."""
+        return len(self.visible_cells(cell))
 
     def compile_rotation(self) -> None:
         """GPU speed: the full-window key rotation through one fused torch.compile kernel (the same
@@ -576,13 +590,18 @@ class StaticKVCache(KVCache):
 
 
 class GraphedKVForward:
-    """The model's forward for deploy with CUDA graphs of the steady-state KV forwards.
+    """The model's forward for deploy with CUDA graphs of the KV forwards of every cell from cell 1.
 
     Called like the model (``forward(x, t, text, sem_ids, mode="kv", cell=, cache=, commit=)``).
-    Against a ``StaticKVCache`` at a full window past the RoPE cap (``cache.steady``) every denoise
-    forward, every commit forward and the per-cell key rotation have fixed shapes, fixed buffers and
-    fixed tables: each is captured once (``torch.cuda.CUDAGraph`` over static inputs) and replayed;
-    everything else (the cells before, a fold, another cache, a CPU, grad) runs the model eagerly.
+    Against a ``StaticKVCache`` a forward's shapes depend only on how many cached cells its query
+    sees (``cache.fill``: 1 at cell 1, up to a full window), its RoPE tables live in the cache's
+    static buffers (``begin`` fills them) and its K/V in the cache's preallocated buffers: so the
+    denoise forward, the commit forward and the key rotation of each fill level are captured once
+    (``torch.cuda.CUDAGraph`` over static inputs, all graphs in one memory pool: they replay one
+    after another and every output is copied out at once) and replayed from then on, in every
+    session on that cache (``CausalStreamer`` keeps it). ``DeployRuntime.warm_up`` captures them
+    all at load. Everything else (the anchor prefill, a fold, another cache, a CPU, grad) runs
+    the model eagerly.
     The graphs compute what the eager forward computes on the same buffers (tests/deploy checks
     the eager static path equals the KVCache one; bench/deploy.py records the replay's error).
     A capture that fails turns the graphs off and says why (``disabled``)."""
@@ -594,8 +613,9 @@ class GraphedKVForward:
         self.disabled: str | None = None
         self.replays = 0
         self._text_raw: torch.Tensor | None = None
-        self._rotate: Any = None
+        self._rotate: dict[int, Any] = {}
         self._cache: StaticKVCache | None = None
+        self._pool: Any = None
 
     def _eager(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
@@ -608,7 +628,8 @@ class GraphedKVForward:
             and isinstance(cache, StaticKVCache)
             and kwargs.get("fold") is None
             and kwargs.get("sem_pooled") is None
-            and cache.steady(cell)
+            and cell >= 1  # the anchor prefill (one frame of ids) stays eager
+            and cache.fill(cell) >= 1
         )
 
     def __call__(self, latent, timestep, text, sem_ids=None, **kwargs: Any) -> Any:
@@ -661,8 +682,10 @@ class GraphedKVForward:
             for _ in range(2):  # warm-up: kernels picked, workspaces allocated, memos filled
                 fn()
         torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._pool):
             out = fn()
         return graph, out
 
@@ -670,9 +693,10 @@ class GraphedKVForward:
         """Drop every graph (they point at one cache's buffers)."""
         self.graphs.clear()
         self.static.clear()
-        self._rotate = None
+        self._rotate = {}
         self._text_raw = None
         self._cache = None
+        self._pool = None
 
     def _replay(self, latent, timestep, text, sem_ids, cache, cell, commit, want_out):
         from gc25d_core.models.gcdit import TextContext
@@ -683,12 +707,13 @@ class GraphedKVForward:
 
         new_cell = cache._rotated_for != cell or cache._cell != cell
         cache.begin(cell, rotate=False)
+        fill = len(cache.cells)
         if new_cell:
-            if self._rotate is None:
-                self._rotate, _ = self._capture(lambda: cache.rotate() or torch.empty(0))
-            self._rotate.replay()
+            if fill not in self._rotate:
+                self._rotate[fill], _ = self._capture(lambda: cache.rotate() or torch.empty(0))
+            self._rotate[fill].replay()
         self._inputs(latent, timestep, text, sem_ids)
-        key = (commit, sem_ids is None, want_out)
+        key = (fill, commit, sem_ids is None, want_out)
         if key not in self.graphs:
             st = self.static
             view = TextContext(text.raw, st["idx"], _shared=text._shared)
@@ -904,9 +929,20 @@ class CausalStreamer:
     def start(self, anchor: torch.Tensor, text: TextContext, sem_ids: torch.Tensor | None = None) -> None:
         """Prefill the clean anchor cell ``[B, C, 1, H, W]`` at t=0."""
         if self.static_kv:
-            self.cache = self.model.new_kv_cache(
-                self.spec, anchor.shape[-2:], static=True, device=anchor.device, dtype=anchor.dtype
-            )
+            c = self.cache
+            if isinstance(c, StaticKVCache) and c.grid_key == (
+                tuple(anchor.shape[-2:]),
+                anchor.device,
+                anchor.dtype,
+            ):
+                c.reset()  # the same buffers: graphs captured against them keep replaying
+            else:
+                c = self.model.new_kv_cache(
+                    self.spec, anchor.shape[-2:], static=True, device=anchor.device, dtype=anchor.dtype
+                )
+                assert isinstance(c, StaticKVCache)
+                c.grid_key = (tuple(anchor.shape[-2:]), anchor.device, anchor.dtype)
+            self.cache = c
         else:
             self.cache = self.model.new_kv_cache(self.spec, anchor.shape[-2:])
         self.forward(

@@ -1,7 +1,7 @@
 """Fit the tiny VAE to frames, so its latents keep the picture (as the real Wan2.2 VAE's do).
 
 The tiny preset's ``TinyWanVideoVAE38`` is random: its latents are random features of the frames
-(bench/tiny_vae_content.py: R^2 of about 0 from the pooled RGB), so nothing trained on them can
+(bench/quality/tiny_vae_content.py: R^2 of about 0 from the pooled RGB), so nothing trained on them can
 learn what the picture depends on. ``fit_tiny_vae`` trains the same class as an autoencoder on
 code-world frames for a few hundred CPU steps (MSE of decode(encode(x)); Adam 5e-4), then
 sets the per-channel normalisation from the latents of the frames it saw, like the real VAE's mean /

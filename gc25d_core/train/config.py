@@ -50,7 +50,7 @@ class ModelConfig(Strict):
     flex_options: dict[str, bool | int | str] = Field(
         default_factory=dict,
         description="with attn_backend flex: torch's flex kernel options (e.g. USE_TMA, BLOCK_M, "
-        "BACKEND), measured per shape by bench/attention.py --mask tf",
+        "BACKEND), measured per shape by bench/speed/attention.py --mask tf",
     )
 
     @model_validator(mode="after")

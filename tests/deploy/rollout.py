@@ -18,16 +18,25 @@ from gc25d_core.models.sem_cond import cell_frame_slice  # noqa: E402
 from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, random_ids  # noqa: E402
 
 
-def streamed_rollout(model, spec, num_cells: int, seed: int = 0, **streamer_options: Any):
+def streamed_rollout(
+    model,
+    spec,
+    num_cells: int,
+    seed: int = 0,
+    streamer: CausalStreamer | None = None,
+    **streamer_options: Any,
+):
     """(x0 of cells 1.., the streamer's cache). With ``fold_commit`` the last cell's commit is still
-    pending after its step: it runs as a plain commit, so both caches hold every committed cell."""
+    pending after its step: it runs as a plain commit, so both caches hold every committed cell.
+    ``streamer``: run this one's next session (a static cache is then reused)."""
     g = torch.Generator().manual_seed(seed)
     anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g)
     bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g)
     index = torch.randint(0, 5, (1, num_cells), generator=g)
     ids = random_ids(1 + 4 * (num_cells - 1), seed)
     text = TextContext.build(bank, index)
-    streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, **streamer_options)
+    if streamer is None:
+        streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, **streamer_options)
     with torch.no_grad():
         streamer.start(anchor, text.select(index[:, :1]), ids[:, cell_frame_slice(0)])
         gen = torch.Generator().manual_seed(seed + 1)

@@ -1,4 +1,5 @@
-"""bench/deploy.py runs every CPU lever on the tiny models and prints one JSON object."""
+"""bench/speed/deploy.py on the tiny models prints one JSON object: the live loop (the default) and the
+steady-state cell."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_deploy_cpu_tiny_prints_one_json(tmp_path):
+def _run(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "deploy.py"), "--device", "cpu", "--dims", "tiny"]
-    cmd += ["--cells", "2", "--parts", "1", "--warmup", "0", "--levers", "fold", "--world-cells", "1"]
+    cmd = [sys.executable, "-m", "bench.speed.deploy", "--device", "cpu", "--dims", "tiny", *args]
     proc = subprocess.run(
         [*cmd, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         env={
             "PATH": "/usr/bin:/bin",
             "OMP_NUM_THREADS": "1",
@@ -33,6 +33,26 @@ def test_bench_deploy_cpu_tiny_prints_one_json(tmp_path):
     assert len(lines) == 1
     r = json.loads(lines[0])
     assert r == json.loads(out.read_text())
+    return r
+
+
+def test_bench_deploy_steady_cpu_tiny_prints_one_json(tmp_path):
+    r = _run(
+        tmp_path,
+        "--mode",
+        "steady",
+        "--cells",
+        "2",
+        "--parts",
+        "1",
+        "--warmup",
+        "0",
+        "--levers",
+        "fold",
+        "--world-cells",
+        "1",
+    )
+    assert r["mode"] == "steady"
     assert set(r["levers"]) == {"exact", "fold"}
     exact, fold = r["levers"]["exact"], r["levers"]["fold"]
     assert exact["forwards_per_cell"] == 5 and fold["forwards_per_cell"] == 4
@@ -43,4 +63,35 @@ def test_bench_deploy_cpu_tiny_prints_one_json(tmp_path):
         assert set(lever["parts_s"]) == {"denoise", "commit", "decode", "host", "total"}
         assert lever["first_frame_s"] > 0
     assert r["world"]["s_per_cell"]["n"] == 1
+    assert r["summary"]["best_lever"] in {"exact", "fold"}
+
+
+def test_bench_deploy_loop_cpu_tiny_times_every_cell_and_checks_the_world(tmp_path):
+    r = _run(
+        tmp_path,
+        "--cells",
+        "3",
+        "--parts",
+        "2",
+        "--levers",
+        "fold",
+        "--world-check",
+        "2",
+        "--world-numpy-cells",
+        "1",
+    )
+    assert r["mode"] == "loop" and r["cells"] == 3 and r["load_s"] > 0
+    assert set(r["levers"]) == {"exact", "fold"}
+    for lever in r["levers"].values():
+        assert lever["world_renderer"] == "torch"
+        assert lever["cell_s"]["n"] == 3 and lever["cell_s"]["max"] >= lever["cell_s"]["p50"] > 0
+        assert 0 < lever["start_s"] < lever["first_frame_s"]
+        assert lever["warmup_s"] > 0
+        parts = lever["parts_s"]
+        assert {"world", "upload", "denoise", "commit", "decode", "host", "total"} <= set(parts)
+        assert all(parts[k]["n"] == 2 for k in parts)
+    assert r["levers"]["fold"]["vs_exact"]["cells"] == 3
+    assert r["levers"]["fold"]["vs_exact"]["rel"] < 1e-4
+    assert r["world_check"]["cells"] == 2 and r["world_check"]["agreement"] >= 0.999
+    assert r["world_speed"]["torch_fp64"]["cell_s"]["n"] == 3
     assert r["summary"]["best_lever"] in {"exact", "fold"}

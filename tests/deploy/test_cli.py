@@ -94,3 +94,20 @@ def test_scripts_and_keys_to_blocks():
     assert keys_to_block(["s", "a"]).tolist() == [7, 0, 0, 0, 0]
     assert keys_to_block(["j", " ", "x"]).tolist() == [0, 0, 1, 0, 1]
     assert keys_to_block([]).dtype == np.uint8
+
+
+def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
+    from gc25d_core.deploy.cli import build_parser, runtime_options
+
+    def opts(*flags: str, cuda: bool):
+        return runtime_options(build_parser().parse_args(["play", *flags]), cuda=cuda)
+
+    fast = opts(cuda=True)
+    assert fast.cuda_graphs and fast.decode_fast and fast.decode_dtype == "bf16" and not fast.decode_stream
+    exact = opts("--exact", cuda=True)
+    assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
+    assert opts(cuda=False) == exact  # a CPU runs the exact path
+    assert opts("--decode-stream", cuda=True).decode_stream
+    assert not opts("--fold-commit", cuda=True).cuda_graphs  # a fold runs on the KVCache
+    with pytest.raises(ValueError, match="--exact contradicts"):
+        opts("--exact", "--cuda-graphs", cuda=True)

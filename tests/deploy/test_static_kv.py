@@ -63,3 +63,48 @@ def test_static_cache_refuses_fold_with_it_and_no_window():
         CausalStreamer(model, DEPLOY_CAUSAL, DEPLOY_AXIS.timesteps, fold_commit=True, static_kv=True)
     with pytest.raises(ValueError, match="window"):
         model.new_kv_cache(CausalConfig(sink=0, window=None, rope_cap=None), LATENT_HW, static=True)
+
+
+def test_a_new_session_reuses_the_static_cache_and_gives_the_same_cells():
+    """The streamer keeps its static cache (the buffers the CUDA graphs point at) from session to
+    session; a reset cache gives the fresh cache's results, whatever ran on it before."""
+    model = make_model(seed=0)
+    spec = CausalConfig(sink=1, window=3, rope_cap=4)
+    ref, _ = streamed_rollout(model, spec, 9)
+    streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, static_kv=True)
+    a, cache_a = streamed_rollout(model, spec, 9, streamer=streamer)
+    other, cache_o = streamed_rollout(model, spec, 6, seed=3, streamer=streamer)  # another session between
+    b, cache_b = streamed_rollout(model, spec, 9, streamer=streamer)
+    assert cache_a is cache_o is cache_b and isinstance(cache_b, StaticKVCache)
+    assert torch.equal(a, ref) and torch.equal(b, ref)
+    assert not torch.equal(other, ref[:, :, : other.shape[2]])
+
+
+@pytest.mark.gpu
+def test_cuda_session_replays_graphs_from_cell_1_with_the_exact_latents(tiny_export, deploy_cfg):
+    """On CUDA a session with cuda_graphs replays a captured graph for every forward of every cell
+    from cell 1 (the warm-up at load captured every window fill level) and gives the exact path's
+    latents, bit for bit, past a full window and the RoPE cap."""
+    import numpy as np
+
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    rng = np.random.default_rng(0)
+    blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(26)]
+
+    def run(**opts):
+        s = open_session(tiny_export, deploy_cfg, device="cuda", options=RuntimeOptions(decode=False, **opts))
+        s.start()
+        before = s.runtime.graphed.replays if s.runtime.graphed is not None else 0
+        lat = [s.step(b).out.latent.float().cpu() for b in blocks]
+        return torch.cat(lat, dim=2), s.runtime, before
+
+    exact, _, _ = run()
+    graphed, rt, before = run(cuda_graphs=True)
+    assert rt.graphed is not None and rt.graphed.disabled is None
+    assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
+    assert rt.graphed.replays - before == 5 * len(blocks)  # 4 denoise + 1 commit per cell, from cell 1
+    assert torch.equal(graphed, exact)

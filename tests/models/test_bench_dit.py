@@ -1,4 +1,4 @@
-"""bench/dit.py runs every probe on the tiny model on CPU and prints JSON lines."""
+"""bench/speed/dit.py runs every probe on the tiny model on CPU and prints JSON lines."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def test_bench_tiny_cpu_smoke():
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "bench" / "dit.py"),
+            "-m",
+            "bench.speed.dit",
             "--tiny",
             "--device",
             "cpu",

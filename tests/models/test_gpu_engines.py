@@ -2,7 +2,7 @@
 torch's FSDP over gloo, because accelerate enables FSDP only for accelerator devices): the real SFT
 entry point under torchrun on the tiny world, bf16, 4 steps, then a second launch that resumes from
 the step-4 state to step 6, beside an uninterrupted 6-step run. Imports nothing from Dagster (the GPU
-image lacks it); run with ``pytest -m gpu tests/models/test_gpu_engines.py`` (python bench/suites.py accel1)."""
+image lacks it); run with ``pytest -m gpu tests/models/test_gpu_engines.py`` (python -m bench.suites accel1)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""bench/sft.py's pieces that decide what a GPU run reports: variant composition and the
+"""bench/speed/sft.py's pieces that decide what a GPU run reports: variant composition and the
 step-time statistics (the GPU run itself is recorded in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from bench import sft as bench
+from bench.common import ROOT
+from bench.speed import sft as bench
 
 
 def test_variant_modifiers_merge_on_top_of_the_base():
@@ -27,7 +26,7 @@ def test_v10_variant_is_the_preset_and_named_variants_keep_their_measured_settin
     before the preset turned per-cell modulation on and the overlapped reduction off."""
     import yaml
 
-    preset = yaml.safe_load((Path(bench.__file__).parents[1] / "configs/sft/v10.yaml").read_text())
+    preset = yaml.safe_load((ROOT / "configs/sft/v10.yaml").read_text())
     assert preset["model"]["overrides"]["per_cell_time"] is True
     assert preset["zero"]["overlap_comm"] is False
     assert bench.variant("v10") == {}

@@ -24,7 +24,7 @@ from gc25d_core.vocab import UNKNOWN
 from tests.train.world import sft_world
 
 CURVE_KEYS = ("loss", "mse", "t_mean", "grad_norm", "lr", "cond_lr", "sem_rms", "x_rms", "epoch")
-# two steps as bench/sft.py runs them: no final state or export, no DataLoader worker
+# two steps as bench/speed/sft.py runs them: no final state or export, no DataLoader worker
 BENCH_SFT = {
     "engine": "torch",
     "max_steps": 2,
@@ -287,7 +287,7 @@ def test_step_profiler_writes_the_kernel_table_for_its_window_only(tmp_path):
 
 
 def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread):
-    """state_final / export_final off (what bench/sft.py asks): the last step writes
+    """state_final / export_final off (what bench/speed/sft.py asks): the last step writes
     neither the rotating state nor an export; the run still finishes and says so."""
     out = run_stage(with_sft(world, "tiny", BENCH_SFT), "sft", tmp_path / "run", StdoutReporter(rank=0))
     assert out["final_step"] == 2 and out["state_slots"] == [] and out["exports"] == []

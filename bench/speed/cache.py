@@ -35,11 +35,11 @@ consumer's reader: socket or file reads, tarfile, torch.load; the hashes run on 
 and, for consumer_http, the median of the loopback server process's CPU seconds (Linux /proc;
 coarse, 10 ms ticks). Load average is recorded before and after.
 
-    python bench/cache.py [--shards 4] [--samples-per-shard 16] [--sample-mb 4] [--reps 5]
+    python -m bench.speed.cache [--shards 4] [--samples-per-shard 16] [--sample-mb 4] [--reps 5]
                                 [--cpus 0-3] [--workdir DIR]
 
-Needs only the standard library, torch, numpy and pydantic, with this repo on sys.path (the
-script adds it); no GPU.
+Needs only the standard library, torch, numpy and pydantic, run from the repository root (which
+puts it on sys.path); no GPU.
 """
 
 from __future__ import annotations
@@ -61,10 +61,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from gc25d_core.cache import (  # noqa: E402
+from bench.common import ROOT
+from gc25d_core.cache import (
     SCHEMA_GC25D,
     ConsumerConfig,
     HttpConfig,
@@ -203,10 +201,10 @@ def main() -> None:
         [sys.executable, "-m", "gc25d_core.cache", "serve", str(store.root)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=str(REPO),
+        cwd=str(ROOT),
         env={
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         },
     )
     if args.cpus is not None:

@@ -26,7 +26,7 @@ builds the index, cond, meta and cond_ext with the preprocessing builders, then 
 agreement = equal ids among pixels static in both the real cond and the re-render; coverage = the
 fraction of real static pixels the re-render shows as static. Prints one JSON object.
 
-    python bench/ext_canvas_stats.py [--root /tmp/gc25d_canvas] [--preset tiny|full] [--radius-cm 5000]
+    python -m bench.probes.ext_canvas_stats [--root /tmp/gc25d_canvas] [--preset tiny|full] [--radius-cm 5000]
                                      [--truth-step 3]
 """
 

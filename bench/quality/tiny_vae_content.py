@@ -6,7 +6,7 @@ linear map from (a) the 16x16-pooled RGB mean and std of the cell's 4 frames and
 one-hot of the parts ids, to the per-channel standardised latent. Fit on the first half of the clips,
 R^2 on the other half. Prints one JSON line.
 
-Usage: make run && python bench/tiny_vae_content.py [--clips 8] [--vae fitted.safetensors --sha256 HEX]
+Usage: make run && python -m bench.quality.tiny_vae_content [--clips 8] [--vae fitted.safetensors --sha256 HEX]
 (``--vae``: a tiny VAE fitted by gc25d_core.models.vae_fit instead of the preset's random one)
 """
 
@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def r2_out_of_sample(x: np.ndarray, z: np.ndarray, n_fit: int) -> float:

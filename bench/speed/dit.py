@@ -11,8 +11,8 @@ text [1,512,4096], semantic ids [1,81,480,832]; bf16 autocast as in bench/baseli
            + 1 commit forward (target <= 0.35 s)
   tf       teacher-forcing forward + backward over [clean | noisy] (2 x 21 cells), SDPA mask and flex
 
-Usage: python bench/dit.py                      # GPU, full dims
-       python bench/dit.py --tiny --device cpu  # CPU smoke of every code path
+Usage: python -m bench.speed.dit                      # GPU, full dims
+       python -m bench.speed.dit --tiny --device cpu  # CPU smoke of every code path
 Options: --probes forward,train,deploy,tf  --reps 3  --ckpt-blocks 20,10,0
          --compile  (repeat the probes with fused RMSNorm + torch.compile'd blocks)
 """
@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from bench.common import dit_flops, emit, mfu  # noqa: E402
-from gc25d_core.compat import import_diffsynth  # noqa: E402
+from bench.common import dit_flops, emit, mfu
+from gc25d_core.compat import import_diffsynth
 
 
 class Bench:

@@ -2,7 +2,7 @@
 label_parts, np.savez_compressed — one process, one thread. Prints JSON lines.
 
     python -m gc25d_core.codeworld generate /tmp/full_raw --preset full   # 1280×704 code-world runs
-    OMP_NUM_THREADS=1 python bench/cond.py --raw /tmp/full_raw --clips 2
+    OMP_NUM_THREADS=1 python -m bench.speed.cond --raw /tmp/full_raw --clips 2
 """
 
 from __future__ import annotations
@@ -10,22 +10,19 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gc25d_core.config import load_config  # noqa: E402
-from gc25d_core.geometry import resample_ids  # noqa: E402
-from gc25d_core.index import build_and_write, read_index  # noqa: E402
-from gc25d_core.layout import Layout  # noqa: E402
-from gc25d_core.preprocess.clips import build_cond  # noqa: E402
-from gc25d_core.preprocess.tasks import RunCache  # noqa: E402
-from gc25d_core.raw_frames import read_frame_json, read_ids  # noqa: E402
+from gc25d_core.config import load_config
+from gc25d_core.geometry import resample_ids
+from gc25d_core.index import build_and_write, read_index
+from gc25d_core.layout import Layout
+from gc25d_core.preprocess.clips import build_cond
+from gc25d_core.preprocess.tasks import RunCache
+from gc25d_core.raw_frames import read_frame_json, read_ids
 
 
 def main() -> None:

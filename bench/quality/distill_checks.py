@@ -7,7 +7,7 @@ own cases, samplers and metrics (gc25d_core.eval) on the clip28 sweep:
   stage 3   its EMA's 4-step rollouts against stage 2's EMA's: latent MSE on cells 22..27 (where
             stage 2 never trained; goal lower) and on 1..21 (goal no worse)
 
-Prints one JSON object. After `make run`:  python bench/distill_checks.py [--snapshot v000001]
+Prints one JSON object. After `make run`:  python -m bench.quality.distill_checks [--snapshot v000001]
 """
 
 from __future__ import annotations
@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def cells_mean(curve: list[float | None], first: int, last: int) -> float:

@@ -1,6 +1,6 @@
 """SPEC §7 UNKNOWN half-plane masking measured on the code world (issue 7).
 
-For every clip of the code-world preset (cond + meta built as in bench/ext_canvas_stats.py) draws
+For every clip of the code-world preset (cond + meta built as in bench/probes/ext_canvas_stats.py) draws
 ``--draws`` maskings (numpy Generator, seed ``--seed``) and reports the per-frame masked fraction —
 masked static pixels / static pixels of the frame — over all (clip, draw, frame):
 
@@ -16,25 +16,22 @@ masked static pixels / static pixels of the frame — over all (clip, draw, fram
 
 beside the SPEC's "max-frame p90 0.37, mean 0.06". Prints one JSON object.
 
-    python bench/masking_stats.py [--root /tmp/gc25d_canvas] [--preset tiny|full] [--draws 200]
+    python -m bench.probes.masking_stats [--root /tmp/gc25d_canvas] [--preset tiny|full] [--draws 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.ext_canvas_stats import prepare  # noqa: E402
-from gc25d_core.index import read_index  # noqa: E402
-from gc25d_core.layout import Layout, Shapes, read_cond, read_meta  # noqa: E402
-from gc25d_core.masking import DropoutRates, masking_ground_xy, unknown_mask  # noqa: E402
+from bench.probes.ext_canvas_stats import prepare
+from gc25d_core.index import read_index
+from gc25d_core.layout import Layout, Shapes, read_cond, read_meta
+from gc25d_core.masking import DropoutRates, masking_ground_xy, unknown_mask
 
 P_MASKED = DropoutRates().unknown_mask * (1 - DropoutRates().cond)
 

@@ -12,9 +12,9 @@ checkpointing) in the same lease. Prints one JSON object per line; the last is t
 MFU per GPU = 3 * (2*P_blocks*s + 4*L*s^2*d + 4*L*s*512*d) * clips_per_gpu_step / step_s / 989e12,
 the formula of plain_zero2.py (s = 8190 tokens, P_blocks = parameters under ``blocks.``).
 
-Usage: python3 bench/sft.py --root /tmp/sftb --nproc 2 --steps 20 \\
+Usage: python3 -m bench.speed.sft --root /tmp/sftb --nproc 2 --steps 20 \\
            --variants nockpt_fused,ckpt4_fused [--plain-steps 10]
-       python3 bench/sft.py --tiny --nproc 2 --steps 4   # CPU smoke (tiny preset, gloo)
+       python3 -m bench.speed.sft --tiny --nproc 2 --steps 4   # CPU smoke (tiny preset, gloo)
 """
 
 from __future__ import annotations
@@ -24,15 +24,11 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import bench_env, dit_flops, emit, mfu, torchrun  # noqa: E402
+from bench.common import ROOT, bench_env, dit_flops, emit, mfu, torchrun
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}

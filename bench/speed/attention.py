@@ -12,8 +12,8 @@ kernels = flex attention (compiled, as GcDiT calls it) with the kernel options o
 (``flex_flash`` = flex's FlashAttention-4 CuTe backend, needs flash-attn-4), and SDPA with the dense
 boolean mask as the reference.
 
-Usage: python bench/attention.py [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
-       python bench/attention.py --mask tf --kernels flex,flex_tma,sdpa_mask
+Usage: python -m bench.speed.attention [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
+       python -m bench.speed.attention --mask tf --kernels flex,flex_tma,sdpa_mask
 """
 
 from __future__ import annotations
@@ -21,14 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 Attn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

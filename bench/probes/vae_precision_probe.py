@@ -1,19 +1,16 @@
 """Probe: VAE38 encode speed and error for precision / memory-format options (one clip, random weights).
 
 Errors are relative to an fp32 encode with TF32 off. Prints JSON lines. GPU only.
-    python bench/vae_precision_probe.py            # every variant
-    python bench/vae_precision_probe.py --lean     # the lean-ops variants + a kernel profile of each
+    python -m bench.probes.vae_precision_probe            # every variant
+    python -m bench.probes.vae_precision_probe --lean     # the lean-ops variants + a kernel profile of each
 """
 
 import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--lean", action="store_true", help="the lean-ops variants + a kernel profile of each")

@@ -8,8 +8,8 @@ ext_canvas → cache snapshot → SFT (configs/sft/small.yaml, 1 GPU) → the co
 Prints one JSON line per phase (seconds) and the learning-signal table at the end; rerun skips the
 finished phases as the assets do.
 
-Usage (GPU machine): python bench/small_preset.py --root /tmp/small [--sft-steps 1500] [--cpu-ranks 8]
-Smoke (here, CPU, minutes): python bench/small_preset.py --root /tmp/small --smoke
+Usage (GPU machine): python -m bench.quality.small_preset --root /tmp/small [--sft-steps 1500] [--cpu-ranks 8]
+Smoke (here, CPU, minutes): python -m bench.quality.small_preset --root /tmp/small --smoke
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import bench_env, torchrun  # noqa: E402
+from bench.common import bench_env, torchrun
 
 
 def phase(name: str, t0: float, **extra: Any) -> None:

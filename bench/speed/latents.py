@@ -8,15 +8,14 @@ Prints JSON lines:
   rel_err             stored bf16 latents vs an fp32 reference with TF32 off, and the TF32 reference itself
   gpu_util            mean GPU utilisation sampled during each timed section
 
-Usage (GPU):  python bench/latents.py --raw /tmp/full            (full-size code world)
-CPU smoke:    python bench/latents.py --tiny --device cpu --raw data/tiny/raw
+Usage (GPU):  python -m bench.speed.latents --raw /tmp/full            (full-size code world)
+CPU smoke:    python -m bench.speed.latents --tiny --device cpu --raw data/tiny/raw
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -24,9 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gc25d_core.compat import import_diffsynth  # noqa: E402
+from gc25d_core.compat import import_diffsynth
 
 import_diffsynth()
 

@@ -3,7 +3,7 @@ reduction can cost). One JSON line per (collective, size): median time and bus b
 (nccl-tests' convention: all_reduce moves 2(n-1)/n of the buffer per rank, reduce / reduce_scatter /
 all_gather (n-1)/n).
 
-    torchrun --nproc_per_node=2 bench/nccl_probe.py [--sizes-mb 64,1024] [--iters 5]
+    torchrun --nproc_per_node=2 -m bench.probes.nccl_probe [--sizes-mb 64,1024] [--iters 5]
 
 Run it again with NCCL_PROTO=Simple (or other NCCL_* settings) in the environment to compare; the
 settings in effect are printed with the results.

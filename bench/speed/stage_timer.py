@@ -1,6 +1,6 @@
 """A stage job (``gc25d_core.jobs.<stage>``) with the phases of each optimizer step timed (bench-side).
 
-    torchrun --nproc_per_node=N bench/stage_timer.py <stage> --config C --run-dir D [--fresh]
+    torchrun --nproc_per_node=N -m bench.speed.stage_timer <stage> --config C --run-dir D [--fresh]
 
 runs the job's own entry point unchanged after wrapping a few methods of the stage's classes, and
 rank 0 appends one record per step to ``<run_dir>/phases.jsonl``: the step's seconds and, summed
@@ -29,13 +29,9 @@ import runpy
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _sync() -> float:

@@ -1,26 +1,23 @@
 """label_parts and render_capsules throughput at 832×480, frames/s on one core (issue 3).
 
 python -m gc25d_core.codeworld generate /tmp/full_raw --preset full
-OMP_NUM_THREADS=1 python bench/capsules.py --raw /tmp/full_raw --frames 20
+OMP_NUM_THREADS=1 python -m bench.speed.capsules --raw /tmp/full_raw --frames 20
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gc25d_core.capsules import label_parts, render_capsules  # noqa: E402
-from gc25d_core.config import GeometryConfig  # noqa: E402
-from gc25d_core.geometry import resample_ids  # noqa: E402
-from gc25d_core.raw_frames import read_frame_json, read_ids  # noqa: E402
-from gc25d_core.raw_layout import RawSource  # noqa: E402
+from gc25d_core.capsules import label_parts, render_capsules
+from gc25d_core.config import GeometryConfig
+from gc25d_core.geometry import resample_ids
+from gc25d_core.raw_frames import read_frame_json, read_ids
+from gc25d_core.raw_layout import RawSource
 
 
 def main() -> None:

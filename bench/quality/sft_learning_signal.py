@@ -15,9 +15,9 @@ t=500, absolute and relative gap, and whether cond is below uncond at every vali
   synthetic  gc25d_core/train/synthetic.py with latents the ids determine (a fixed vector per id, pooled per
              latent pixel, + noise): what a VAE that keeps the picture would give
 
-Usage: make run && python bench/sft_learning_signal.py --world codeworld --steps 600 --val-every 50
-       make run && python bench/sft_learning_signal.py --world codeworld_fitted --steps 1000
-       python bench/sft_learning_signal.py --world synthetic --steps 600 --val-every 50
+Usage: make run && python -m bench.quality.sft_learning_signal --world codeworld --steps 600 --val-every 50
+       make run && python -m bench.quality.sft_learning_signal --world codeworld_fitted --steps 1000
+       python -m bench.quality.sft_learning_signal --world synthetic --steps 600 --val-every 50
 Options: --run-dir DIR (default outputs/learning_signal_<world>)  --lr / --cond-lr (default: the tiny preset)
 """
 
@@ -31,10 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import bench_env, torchrun  # noqa: E402
+from bench.common import ROOT, bench_env, torchrun
 
 
 def fitted_vae_world(run_dir: Path, vae_steps: int):

@@ -4,9 +4,9 @@ Builds the synthetic v10-shaped world of sft.py (gc25d_core/train/synthetic.py, 
 extensions stage 3 needs), random causal exports where a stage needs one (stage 2: the full 5B;
 stage 3: full width at ``--s3-blocks`` of the 30 blocks), then for each run of ``--runs``
 
-    torchrun --nproc_per_node=N bench/stage_timer.py <stage> --config <run>.yaml --run-dir <dir> --fresh
+    torchrun --nproc_per_node=N -m bench.speed.stage_timer <stage> --config <run>.yaml --run-dir <dir> --fresh
 
-(bench/stage_timer.py = the job ``python -m gc25d_core.jobs.<stage>`` with each step's phases timed).
+(bench/speed/stage_timer.py = the job ``python -m gc25d_core.jobs.<stage>`` with each step's phases timed).
 Runs (the stage's v10 preset plus short-run cadences, random weights):
 
     sft        the SFT, v10 preset with 10 of 30 blocks recomputed (sft.py's v10_1gpu)
@@ -19,7 +19,7 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
 
 ``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none,
 ``+overlap`` / ``+nooverlap`` turn ZeRO-2's overlapped gradient reduction on / off (stages 1–2 and
-the SFT), ``+fx<name>`` sets flex's kernel options to bench/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
+the SFT), ``+fx<name>`` sets flex's kernel options to bench/speed/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
 ``+L<N>`` builds N of the 30 blocks at full width (stage 3: instead of ``--s3-blocks``): the per-block
 rate with the memory a sharded run leaves (one GPU holds a 5B model's optimizer state only by
 recomputing most blocks).
@@ -32,8 +32,8 @@ mask computes). Stage 2 counts the teacher and target forwards each step made, s
 forward (the draws of the step), the critic and real scores, and the backward of the exit forwards
 that hold the graph.
 
-Usage: python3 bench/stages.py --root /tmp/stb --runs s1,s1_flex,sft,s2 --steps 7 --warm 2
-       python3 bench/stages.py --tiny --runs sft,s1,s1_flex,s2,s3 --steps 3 --warm 1   # CPU smoke
+Usage: python3 -m bench.speed.stages --root /tmp/stb --runs s1,s1_flex,sft,s2 --steps 7 --warm 2
+       python3 -m bench.speed.stages --tiny --runs sft,s1,s1_flex,s2,s3 --steps 3 --warm 1   # CPU smoke
 """
 
 from __future__ import annotations
@@ -48,10 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import PEAK_TFLOPS, bench_env, emit, forward_flops, mfu, torchrun  # noqa: E402
+from bench.common import PEAK_TFLOPS, ROOT, bench_env, emit, forward_flops, mfu, torchrun
 
 TEXT_LEN = 512
 PROFILED_STEPS = 2
@@ -119,8 +116,8 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
         elif m in ("overlap", "nooverlap"):  # ZeRO-2's gradient reduction beside the backward, or after it
             out["zero"] = {"overlap_comm": m == "overlap"}
-        elif m.startswith("fx"):  # flex kernel options: bench/attention.py's FLEX_VARIANTS["flex_<name>"]
-            from bench.attention import FLEX_VARIANTS
+        elif m.startswith("fx"):  # flex kernel options: attention.py's FLEX_VARIANTS["flex_<name>"]
+            from bench.speed.attention import FLEX_VARIANTS
 
             if f"flex_{m[2:]}" not in FLEX_VARIANTS:
                 raise SystemExit(f"unknown flex variant +{m} in {name!r}: {sorted(FLEX_VARIANTS)}")
@@ -424,7 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     prep = None
     if any(not export_path(args.root, n).is_file() for n, _ in specs.values()):
         # the exports (GPU build + a 10 GB write) beside the world (CPU)
-        prep = subprocess.Popen([sys.executable, __file__, "--exports-only", *sys.argv[1:]], cwd=ROOT)
+        prep = subprocess.Popen(
+            [sys.executable, "-m", "bench.speed.stages", "--exports-only", *sys.argv[1:]], cwd=ROOT
+        )
     cfg = build_world(args.root, args.tiny, args.clips_per_run)
     if prep is not None and prep.wait() != 0:
         raise SystemExit("building the exports failed")
@@ -446,7 +445,8 @@ def main(argv: list[str] | None = None) -> None:
         rc, wall = torchrun(
             args.nproc,
             [
-                str(ROOT / "bench" / "stage_timer.py"),
+                "-m",
+                "bench.speed.stage_timer",
                 stage,
                 "--config",
                 str(config),
