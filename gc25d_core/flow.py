@@ -14,7 +14,9 @@ over the grid; 0 at t = 1000, max ≈ 2.08 near t = 500). For N ≠ 1000 the tem
 Lookups (σ and w of an arbitrary t) take the nearest grid point, ``argmin |t_grid − t|``.
 
 Forward process ``add_noise``: x_t = (1 − σ)·x0 + σ·ε; target ``velocity_target`` = ε − x0;
-``x0_from_velocity``: x0 = x_t − σ·v; ``euler_step``: x_{σ'} = x_σ + (σ' − σ)·v.
+``x0_from_velocity``: x0 = x_t − σ·v; ``euler_step``: x_{σ'} = x_σ + (σ' − σ)·v. The first two also
+at a σ given directly (``noise_at_sigma``, ``x0_at_sigma``: per cell, or a few-step axis's nominal
+σ = t / 1000, ``axis_sigma``): every noising and x0 in training, eval and deploy is one of these.
 
 The grid is computed in float64 and cast on use; tables are the same on every rank and device.
 """
@@ -37,6 +39,24 @@ def shift_sigma(sigma: torch.Tensor | float, shift: float = WAN_SHIFT) -> torch.
     """σ' = s·σ / (1 + (s − 1)·σ)."""
     s = torch.as_tensor(sigma, dtype=torch.float64)
     return shift * s / (1.0 + (shift - 1.0) * s)
+
+
+def noise_at_sigma(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
+    """x_σ = (1 − σ)·x0 + σ·ε; ``sigma`` a float or a tensor that broadcasts against x0 (one per
+    clip, one per cell), in the caller's precision (a float stays a float: no rounding to x0's dtype
+    before 1 − σ)."""
+    return (1.0 - sigma) * x0 + sigma * noise
+
+
+def x0_at_sigma(x_t: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
+    """x0 = x_σ − σ·v, the clean estimate of a velocity prediction (``sigma`` as in ``noise_at_sigma``)."""
+    return x_t - sigma * v
+
+
+def axis_sigma(t: float) -> float:
+    """σ = t / 1000 of a few-step axis timestep (``DenoiseAxis.timesteps``), not a grid lookup: the
+    rollout's denoise and re-noise steps use the axis's own σ."""
+    return float(t) / NUM_TRAIN_TIMESTEPS
 
 
 @dataclass(frozen=True)
@@ -99,8 +119,7 @@ class FlowSchedule:
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
         """x_t = (1 − σ(t))·x0 + σ(t)·ε; ``t`` scalar or [B] (broadcast over the other dims)."""
-        sigma = _broadcast(self.sigma(t), x0)
-        return (1.0 - sigma) * x0 + sigma * noise
+        return noise_at_sigma(x0, noise, _broadcast(self.sigma(t), x0))
 
     @staticmethod
     def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -108,7 +127,8 @@ class FlowSchedule:
         return noise - x0
 
     def x0_from_velocity(self, x_t: torch.Tensor, v: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
-        return x_t - _broadcast(self.sigma(t), x_t) * v
+        """x0 = x_t − σ(t)·v (``t`` as in ``add_noise``)."""
+        return x0_at_sigma(x_t, v, _broadcast(self.sigma(t), x_t))
 
     def euler_step(
         self, x_t: torch.Tensor, v: torch.Tensor, t: torch.Tensor | float, t_next: torch.Tensor | float
@@ -177,7 +197,7 @@ class DenoiseAxis:
 
     @property
     def sigmas(self) -> tuple[float, ...]:
-        return tuple(t / NUM_TRAIN_TIMESTEPS for t in self.timesteps)
+        return tuple(axis_sigma(t) for t in self.timesteps)
 
     @property
     def num_steps(self) -> int:

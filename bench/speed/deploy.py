@@ -23,18 +23,27 @@ current cell), random ids, the code world measured apart (``world``):
   first     first-frame latency: anchor encode + prefill + first cell + its decode, cold session
   exact     max |x0 - x0_exact| over every cell (same seed, ids, prompts)
 
+``--mode serve``: action-to-photon through the play server (``web.create_app``, the code
+``python -m gc25d_core.deploy serve`` runs, served by uvicorn on 127.0.0.1 around a session of
+``--serve-lever`` on this bench's weights); a WebSocket client (``ws_latency``) sends ``--events``
+key events at a human rate and times each to the arrival of the frame the server tagged as the
+first to reflect it (p50 / p90 / p99 / max). ``--url ws://host:port/ws`` measures a running
+``serve`` instead (a real export). ``--mode loop --events N`` adds it to the loop run.
+
 Random weights of the real classes (full: Wan2.2-TI2V-5B GcDiT bf16 + the full VAE38; tiny: the CPU
 test models), the real runtime (gc25d_core.deploy.runtime.DeployRuntime: the code a session runs).
 Levers: compile (fused RMSNorm + torch.compile'd blocks), fold (commit folded into the next cell's
 first forward), vae_bf16_stream (bf16 decode on a second CUDA stream), cudagraphs (compile mode
 reduce-overhead), best (compile + fold + vae_bf16_stream), static (preallocated KV), graphs (CUDA
-graphs of the forwards), graphs_vae (graphs + bf16 lean decode: the CLI's --cuda-graphs
---fast-decode), graphs_vae_stream (the same, decode on the side stream), ... A lever that fails
+graphs of the forwards), graphs_vae (graphs + bf16 lean decode: --cuda-graphs --fast-decode),
+graphs_all (that + the decode's CUDA graph: the CLI's default on CUDA), graphs_vae_stream (graphs_vae,
+decode on the side stream), ... A lever that fails
 records its error. Real time is <= 0.25 s per cell (16 fps), the goal <= 0.125 s.
 
-    python bench/deploy.py --device cuda --dims full                   # the H200 live loop (< 9 min)
-    python bench/deploy.py --device cuda --dims full --mode steady     # steady-state cell, all levers
-    python bench/deploy.py --device cpu --dims tiny --cells 8 --parts 3 # CPU smoke
+    python -m bench.speed.deploy --device cuda --dims full                   # the H200 live loop (< 9 min)
+    python -m bench.speed.deploy --device cuda --dims full --mode steady     # steady-state cell, all levers
+    python -m bench.speed.deploy --device cpu --dims tiny --cells 8 --parts 3 # CPU smoke
+    python -m bench.speed.deploy --device cuda --dims full --mode serve --events 60   # action-to-photon
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -72,8 +81,9 @@ LEVERS = (
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "vae_bf16_stream", "static")
 CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
-# the live loop's default comparison: the exact path, the CLI's fast path, that with the side stream
-LOOP_LEVERS = ("exact", "graphs_vae", "graphs_vae_stream")
+# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all), that without
+# the decode graph, and graphs_vae with the side-stream decode
+LOOP_LEVERS = ("exact", "graphs_all", "graphs_vae", "graphs_vae_stream")
 BUDGET_S = 0.25  # one cell = 4 frames at 16 fps
 
 
@@ -253,7 +263,8 @@ class Bench:
         out["cached_cells"] = len(rt.streamer.cache) if rt.streamer.cache is not None else 0
         if name in a.profile:
             out["profile"], cell = self.profile(rt, cell, name, latents)
-        deadline = time.perf_counter() + a.max_lever_s
+        limit = a.max_exact_s if name == "exact" and a.max_exact_s is not None else a.max_lever_s
+        deadline = time.perf_counter() + limit
         e2e: list[float] = []
         for _ in range(a.cells):
             ids, key = self.cell_inputs(cell)
@@ -353,7 +364,8 @@ class Bench:
         walls: list[float] = []
         latents: list[torch.Tensor] = []
         first_frame: float | None = None
-        deadline = time.perf_counter() + a.max_lever_s
+        limit = a.max_exact_s if name == "exact" and a.max_exact_s is not None else a.max_lever_s
+        deadline = time.perf_counter() + limit
         for i, block in enumerate(self.blocks):
             t0 = time.perf_counter()
             o = session.step(block)
@@ -368,7 +380,7 @@ class Bench:
             if check and i < a.world_check:
                 self.world_ids.append(o.ids)
             if time.perf_counter() > deadline:
-                out["stopped_early"] = f"max_lever_s={a.max_lever_s} after {i + 1} cells"
+                out["stopped_early"] = f"time limit {limit} s after {i + 1} cells"
                 break
         rest = rt.flush()
         if first_frame is None and rest:
@@ -432,12 +444,59 @@ class Bench:
             "workers": workers,
         }
 
+    def serve_latency(self, name: str, events: int) -> dict[str, Any]:
+        """Action-to-photon through the play server: ``web.create_app`` (the code ``serve`` runs)
+        around a live session of lever ``name`` on this process's model, served by uvicorn on
+        127.0.0.1 in a thread; ``ws_latency`` plays the page's part over a real WebSocket."""
+        import asyncio
+        import socket
+        import threading
+
+        import uvicorn
+
+        from gc25d_core.deploy.runtime import DeployRuntime, RuntimeOptions
+        from gc25d_core.deploy.session import LiveSession
+        from gc25d_core.deploy.web import create_app
+        from gc25d_core.deploy.world import LiveWorld, WorldConfig
+
+        reset_model(self.model)
+        opts = RuntimeOptions(seed=0, **lever_options(name, self.cuda))
+        t0 = time.perf_counter()
+        rt = DeployRuntime(self.model, self.meta, self.table, self.vae, opts)
+        world = LiveWorld(WorldConfig(renderer=self.args.world), self.geo, device=self.dev)
+        session = LiveSession(rt, world, self.vae)
+        session.prepare()
+        warmup_s = time.perf_counter() - t0
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        app = create_app(session, host="127.0.0.1", port=port)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.time() + 30
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        try:
+            out = asyncio.run(ws_latency(f"ws://127.0.0.1:{port}/ws", events, seed=self.args.action_seed))
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+        out.update(lever=name, options=opts.model_dump(), warmup_s=warmup_s, server="in-process")
+        del rt, session, world
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return out
+
     def world_speed(self) -> dict[str, Any]:
         """The world's cost per cell apart: sim (host) and ids (device-synchronised), per renderer."""
         from gc25d_core.deploy.world import LiveWorld, WorldConfig
 
         out: dict[str, Any] = {"geometry": [self.geo.dst_width, self.geo.dst_height]}
-        variants = [("torch_fp64", "torch", torch.float64), ("torch_fp32", "torch", torch.float32)]
+        variants: list[tuple[str, Literal["torch", "numpy"], torch.dtype]] = [
+            ("torch_fp64", "torch", torch.float64),
+            ("torch_fp32", "torch", torch.float32),
+        ]
         if self.args.world_numpy_cells:
             variants.append(("numpy", "numpy", torch.float64))
         for label, renderer, dtype in variants:
@@ -531,6 +590,96 @@ class Bench:
         return {"geometry": [geo.dst_width, geo.dst_height], "reset_s": reset_s, "s_per_cell": stats(times)}
 
 
+# what a player's fingers do: key sets held one after another (the page sends one event per change)
+HUMAN_KEYS: tuple[list[str], ...] = (
+    ["w"],
+    ["w", "shift"],
+    ["d"],
+    [],
+    ["a"],
+    ["j"],
+    ["w", "d"],
+    ["s"],
+    ["k"],
+    [" "],
+    ["g"],
+    ["l"],
+    ["w", "a", "shift"],
+)
+
+
+async def ws_latency(
+    url: str, events: int, seed: int = 0, gap_s: tuple[float, float] = (0.15, 0.6)
+) -> dict[str, Any]:
+    """The page's side of ``serve`` over a real WebSocket: after the first generated cell, ``events``
+    key events at a human rate (one every ``gap_s`` seconds, uniform), each numbered as the page
+    numbers them; per event the time from its send to the arrival of the message holding the
+    frame the server tagged as the first to reflect it (``acks``), the page's jitter buffer not
+    included. p50 / p90 / p99 / max, seconds."""
+    import asyncio
+    import random
+
+    import websockets
+
+    rng = random.Random(seed)
+    sent: dict[int, float] = {}
+    got: dict[int, float] = {}
+    seen = {"messages": 0, "bytes": 0}
+    first_cell = asyncio.Event()
+    done = asyncio.Event()
+    async with websockets.connect(url, max_size=None) as ws:
+
+        async def reader() -> None:
+            async for text in ws:
+                t = time.perf_counter()
+                m = json.loads(text)
+                if m.get("type") == "error":
+                    raise RuntimeError(f"serve: {m.get('error')}")
+                seen["messages"] += 1
+                seen["bytes"] += len(text)
+                if m.get("cell", 0) >= 1:
+                    first_cell.set()
+                for ack in m.get("acks", []):
+                    for n, t0 in sent.items():
+                        if n <= ack["event"] and n not in got:
+                            got[n] = t - t0
+                if len(got) == events:
+                    done.set()
+
+        task = asyncio.create_task(reader())
+        try:
+            await asyncio.wait_for(first_cell.wait(), timeout=60)
+            keys: list[str] = []
+            t_start = time.perf_counter()
+            for n in range(1, events + 1):
+                keys = rng.choice([k for k in HUMAN_KEYS if k != keys])
+                sent[n] = time.perf_counter()
+                await ws.send(json.dumps({"keys": keys, "id": n}))
+                await asyncio.sleep(rng.uniform(*gap_s))
+            await asyncio.wait_for(done.wait(), timeout=30)
+            wall = time.perf_counter() - t_start
+        finally:
+            task.cancel()
+    xs = np.asarray([got[n] for n in sorted(got)], np.float64)
+    return {
+        "url": url,
+        "events": events,
+        "answered": len(xs),
+        "events_per_s": events / wall,
+        "latency_s": {
+            "p50": float(np.percentile(xs, 50)),
+            "p90": float(np.percentile(xs, 90)),
+            "p99": float(np.percentile(xs, 99)),
+            "max": float(xs.max()),
+            "min": float(xs.min()),
+            "mean": float(xs.mean()),
+        },
+        "within_0.4s_p50": float(np.percentile(xs, 50)) <= 0.4,
+        "messages": seen["messages"],
+        "mean_message_bytes": seen["bytes"] / max(1, seen["messages"]),
+    }
+
+
 def _device_kernels(prof: Any) -> list[Any]:
     from torch.autograd import DeviceType
 
@@ -589,7 +738,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--dims", choices=("full", "tiny"), default="full")
-    p.add_argument("--mode", choices=("loop", "steady"), default="loop", help="the live loop, or one cell")
+    p.add_argument(
+        "--mode",
+        choices=("loop", "steady", "serve"),
+        default="loop",
+        help="the live loop, one cell, or action-to-photon through the play server",
+    )
+    p.add_argument(
+        "--events",
+        type=int,
+        default=None,
+        help="key events sent to the play server (default: serve 60; loop 0 = not measured)",
+    )
+    p.add_argument(
+        "--serve-lever",
+        default=None,
+        help="the play server's lever (default: graphs_all on cuda, the CLI's; exact on cpu)",
+    )
+    p.add_argument(
+        "--url",
+        default=None,
+        help="serve: measure a running server (ws://host:port/ws, e.g. python -m gc25d_core.deploy "
+        "serve) instead of one started here on this bench's random weights",
+    )
     p.add_argument(
         "--levers",
         default="",
@@ -615,6 +786,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--warmup", type=int, default=2, help="cells after the window is full, before timing")
     p.add_argument("--max-lever-s", type=float, default=120.0, help="stop a lever's e2e loop after this")
+    p.add_argument(
+        "--max-exact-s",
+        type=float,
+        default=None,
+        help="loop: the exact lever's own limit (the oracle compared over the cells it ran)",
+    )
     p.add_argument("--world-cells", type=int, default=3, help="steady: code-world cells timed (0: skip)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     p.add_argument(
@@ -625,7 +802,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--decode-error-cells", type=int, default=4, help="cells decoded fp32 vs bf16 variants (0: skip)"
     )
     args = p.parse_args(argv)
-    loop = args.mode == "loop"
+    if args.mode == "serve" and args.url:  # a client only: no model here
+        import asyncio
+
+        result = asyncio.run(ws_latency(args.url, args.events or 60, seed=args.action_seed))
+        result = {"bench": "deploy", "mode": "serve", "serve": result}
+        print(json.dumps(result), flush=True)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result))
+        return result
+    args.events = args.events if args.events is not None else (60 if args.mode == "serve" else 0)
+    args.serve_lever = args.serve_lever or ("graphs_all" if args.device == "cuda" else "exact")
+    if args.serve_lever not in LEVERS:
+        p.error(f"unknown --serve-lever {args.serve_lever}; known: {list(LEVERS)}")
+    loop = args.mode != "steady"
     args.cells = args.cells if args.cells is not None else (240 if loop else 100)
     args.parts = args.parts if args.parts is not None else (60 if loop else 8)
     args.world_check = args.cells if args.world_check is None else min(args.world_check, args.cells)
@@ -669,6 +860,11 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
         "levers": {},
     }
     result["mode"] = args.mode
+    if args.mode == "serve":
+        result["load_s"] = bench.build_s
+        result["serve"] = bench.serve_latency(args.serve_lever, args.events)
+        result["wall_s"] = time.perf_counter() - t0
+        return result
     if args.mode == "loop":
         return run_loop(args, chosen, bench, result, t0)
     for name in chosen:
@@ -724,6 +920,15 @@ def run_loop(
         "seed": args.action_seed,
         "distinct_blocks": len({b.tobytes() for b in bench.blocks}),
     }
+    if args.events:  # action-to-photon through the play server, before the levers (one model)
+        try:
+            result["serve"] = bench.serve_latency(args.serve_lever, args.events)
+        except Exception as e:
+            result["serve"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+        print(f"[bench] serve: {result['serve'].get('latency_s')}", file=sys.stderr, flush=True)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
     for name in chosen:
         try:
             result["levers"][name] = bench.run_loop(name)

@@ -14,7 +14,7 @@ over the step, the seconds (and call counts) of
     critic_fwd        stage 3: the critic's no-grad score in the generator update
     real_fwd          stage 3: the real score's forward
     critic_step       stage 3: one critic update (rollout + forward + backward + optimizer)
-    generator_step    stage 3: the generator update (rollout + scores + backward + optimizer + EMA)
+    generator_step    stage 3: the generator update (rollout + scores + backward + optimizer)
 
 Each timed region is bracketed by ``torch.cuda.synchronize`` (a few ms per step of lost overlap at
 most; the stage's own ``time_phases`` does the same). Stage 3 also records the step's rollout draws
@@ -154,8 +154,8 @@ def install(stage: str) -> None:
         _device_sums_shim()
         _timed(Run, "rollout", lambda self, *a, grad=False, **k: "rollout_grad" if grad else "rollout_nograd")
         _timed(Run, "_score", lambda self, net, *a, **k: "real_fwd" if net is self.real else "critic_fwd")
-        _timed(Run, "critic_step", "critic_step")
-        _timed(Run, "generator_step", "generator_step")
+        # a phase's micro-step: its forward(s), backward and optimizer step (train.denoiser.Phase)
+        _timed(Run, "micro_step", lambda self, phase, *a, **k: f"{phase.stream}_step")
 
 
 def main() -> None:

@@ -50,6 +50,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="bf16 lean channels-last VAE decode (GPU; frames within a few uint8 steps of fp32; default on CUDA)",
     )
     p.add_argument(
+        "--decode-graph",
+        action="store_true",
+        help="replay a CUDA graph of each cell's decode from cell 3 (GPU; the eager decode's frames; "
+        "default on CUDA without --decode-stream)",
+    )
+    p.add_argument(
         "--decode-stream",
         action="store_true",
         help="decode on a second CUDA stream while the next cell denoises (frames one cell later)",
@@ -111,10 +117,14 @@ def session_device(device: str | None, preset_device: str) -> str:
 
 def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     """The session's options: on CUDA the fast path (CUDA graphs of every cell + the lean bf16
-    decode: the exact path's latents, bench/deploy.py's whole-loop figures) unless ``--exact``;
-    on a CPU the exact path (the levers are GPU ones)."""
-    if args.exact and (args.cuda_graphs or args.fast_decode or args.decode_stream):
-        raise ValueError("--exact contradicts --cuda-graphs / --fast-decode / --decode-stream")
+    decode + its CUDA graph, bench/speed/deploy.py's lever graphs_all: the exact path's latents, the
+    whole-loop figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
+    The side-stream decode runs without the decode graph unless ``--decode-graph`` asks for it
+    (the pair is not measured)."""
+    if args.exact and (args.cuda_graphs or args.fast_decode or args.decode_stream or args.decode_graph):
+        raise ValueError(
+            "--exact contradicts --cuda-graphs / --fast-decode / --decode-graph / --decode-stream"
+        )
     fast = cuda and not args.exact
     decode_fast = args.fast_decode or fast
     return RuntimeOptions(
@@ -125,6 +135,7 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         decode_dtype="bf16" if decode_fast else "fp32",
         decode_fast=decode_fast,
         decode_stream=args.decode_stream,
+        decode_graph=args.decode_graph or (fast and not args.decode_stream),
     )
 
 

@@ -8,7 +8,7 @@ Per cell the shared 4-step sampler runs (``models.causal.CausalStreamer`` / ``de
 ``KVCache``: the code stage 3 trains with): the export's recorded denoise axis, sink / window / RoPE
 cap, the commit at t = 0 into the cache; then ``StreamingDecoder`` decodes the cell's 4 frames.
 Noise comes from one generator seeded per session, so a seed and a block sequence give the same
-frames. Options (each measured against this exact path by bench/deploy.py): ``fold_commit`` (the
+frames. Options (each measured against this exact path by bench/speed/deploy.py): ``fold_commit`` (the
 commit rides on the next cell's first forward), ``compile`` (torch.compile of the block body),
 ``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
 second CUDA stream while cell k + 1 denoises; frames then come out one cell later).
@@ -363,7 +363,7 @@ class DeployRuntime:
         """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
         if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
             raise ValueError(f"anchor latent must be [1, 48, 1, h, w], got {list(anchor.shape)}")
-        self.decoder = type(self.decoder)(self.vae, dtype=self.decoder.dtype, graph=self.decoder.graph)
+        self.decoder.reset()  # a decode graph captured by warm_up is kept: replayed from cell 3
         self._pending_decode = None
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))

@@ -1,12 +1,18 @@
 """The local web page of a live session (starlette + uvicorn; no dagster here).
 
-``GET /`` is the page; ``/ws`` a WebSocket: the page sends ``{"keys": [...]}`` whenever the held
-keys change (``actions.keys_to_block``), the server starts a session per connection and sends one
-JSON message per cell: its frames (JPEG) and ids (colour-coded PNG) as base64, the prompt key, and
-the cell's times (world, denoise, commit, decode, total). The server sends at the content rate
-(one cell per 0.25 s at most: 4 frames at 16 fps); the page plays through a small jitter buffer
-(starts after 2 frames, holds on underrun, drops the oldest past 12) and shows the live fps and
-the per-cell latency, denoise and decode apart. One session runs at a time (one model).
+``GET /`` is the page; ``/ws`` a WebSocket: the page sends ``{"keys": [...], "id": n}`` whenever
+the held keys change (``actions.keys_to_block``; ``id`` numbers the key events, increasing), the
+server starts a session per connection and sends one JSON message per cell: its frames (JPEG) and
+ids (colour-coded PNG) as base64, the prompt key, the cell's times (world, denoise, commit, decode,
+total) and ``acks``: ``[{"frame": i, "event": n}]`` where frame ``i`` of the message is the first
+frame that reflects key event ``n`` (and every event before it) — the first frame of the first
+cell whose action block was taken after the event arrived (with the side-stream decode that cell's
+frames come one message later, and the tag travels with them). The server sends at the content
+rate (one cell per 0.25 s at most: 4 frames at 16 fps); the page plays through a small jitter
+buffer (starts after 2 frames, holds on underrun, drops the oldest past 12) and shows the live
+fps, the per-cell latency (denoise and decode apart) and the action-to-photon latency: from the
+key event to the moment its tagged frame is put on the screen (the last one and the p50 of the
+last 50). One session runs at a time (one model).
 
 Who may connect: the page is served to browsers, and a browser lets any site it visits open a
 WebSocket to ``127.0.0.1`` (and, by DNS rebinding, send any request there under a name of its
@@ -26,7 +32,9 @@ import ipaddress
 import json
 import re
 import time
+from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from socket import AF_INET, AF_INET6, getfqdn, gethostname
 from typing import Any
 
@@ -34,7 +42,7 @@ import cv2
 import numpy as np
 
 from gc25d_core.deploy.actions import keys_to_block
-from gc25d_core.preview import colorize_ids, png_bytes
+from gc25d_core.preview import colorize_ids
 
 CELL_S = 0.25  # 4 frames at 16 fps
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -43,30 +51,60 @@ _HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?|\[[0-9a-f:.]+\]")
 _ORIGIN = re.compile(r"(https?)://([a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::(\d{1,5}))?")
 
 
+# the ids' colours as a BGR lookup table: cv2.LUT colours a frame without holding the GIL
+_IDS_LUT_BGR = np.ascontiguousarray(colorize_ids(np.arange(256, dtype=np.uint8))[:, ::-1]).reshape(1, 256, 3)
+# a cell's 8 images (4 frames, 4 ids) are encoded at once: the encode sits between the cell's
+# frames and the page, so it is on every key press's path to the screen (cv2 releases the GIL)
+_ENCODERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gc25d-encode")
+
+
 def _jpeg(rgb: np.ndarray) -> str:
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90])
     assert ok
     return base64.b64encode(buf.tobytes()).decode()
 
 
-def _png(rgb: np.ndarray) -> str:
-    return base64.b64encode(png_bytes(rgb)).decode()
+def _ids_png(ids: np.ndarray) -> str:
+    """uint8 ids [H, W] -> their colours (``preview.colorize_ids``) as PNG, base64."""
+    bgr = cv2.LUT(cv2.merge([np.ascontiguousarray(ids)] * 3), _IDS_LUT_BGR)
+    ok, buf = cv2.imencode(".png", bgr)
+    assert ok
+    return base64.b64encode(buf.tobytes()).decode()
 
 
 def cell_message(
-    cell: int, key: str, frames: list[np.ndarray], ids: np.ndarray, times: dict[str, float]
+    cell: int,
+    key: str,
+    clips: list[tuple[np.ndarray, np.ndarray, int | None]],
+    times: dict[str, float],
 ) -> str:
-    rgb = [f for clip in frames for f in clip]
+    """One message: the decoded ``clips`` in order, each (frames RGB uint8 [T, H, W, 3], the ids
+    of its cell [>= T, H, W], the key event its first frame is the first to reflect, or None)."""
+    frames: list[Future[str]] = []
+    ids: list[Future[str]] = []
+    acks: list[dict[str, int]] = []
+    for rgb, cell_ids, event in clips:
+        if event is not None:
+            acks.append({"frame": len(frames), "event": event})
+        frames += [_ENCODERS.submit(_jpeg, f) for f in rgb]
+        ids += [_ENCODERS.submit(_ids_png, i) for i in cell_ids[-len(rgb) :]]
     return json.dumps(
         {
             "type": "cell",
             "cell": cell,
             "key": key,
-            "frames": [_jpeg(f) for f in rgb],
-            "ids": [_png(colorize_ids(i)) for i in ids[-len(rgb) :]] if rgb else [],
+            "frames": [f.result() for f in frames],
+            "ids": [i.result() for i in ids],
+            "acks": acks,
             "times": times,
         }
     )
+
+
+def event_id(msg: dict[str, Any]) -> int | None:
+    """The key event number a page message carries (a positive int), else None."""
+    n = msg.get("id")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 PAGE = """<!doctype html>
@@ -84,6 +122,8 @@ PAGE = """<!doctype html>
  <span>action <b id="key">-</b></span> <span>fps <b id="fps">0</b></span>
  <span>latency <b id="latency">-</b> ms</span> <span>denoise <b id="denoise">-</b> ms</span>
  <span>decode <b id="decode">-</b> ms</span> <span>buffer <b id="buffer">0</b></span>
+ <span>key&rarr;photon last <b id="photon">-</b> ms</span> <span>p50 <b id="photon_p50">-</b> ms</span>
+ <span>over <b id="photon_n">0</b> keys</span>
 </div>
 <p><kbd>W</kbd><kbd>A</kbd><kbd>S</kbd><kbd>D</kbd> move, <kbd>Shift</kbd> run, <kbd>J</kbd>/<kbd>K</kbd> light/heavy
 attack, <kbd>L</kbd> dodge, <kbd>Space</kbd> jump, <kbd>G</kbd> guard.</p>
@@ -91,14 +131,34 @@ attack, <kbd>L</kbd> dodge, <kbd>Space</kbd> jump, <kbd>G</kbd> guard.</p>
 const held = new Set(); const queue = []; let playing = false, shown = 0, fps = 0, lastTick = performance.now();
 const $ = (id) => document.getElementById(id);
 const ws = new WebSocket(`ws://${location.host}/ws`);
-const send = () => { if (ws.readyState === 1) ws.send(JSON.stringify({keys: [...held]})); };
+// key events: numbered; the server tags the first frame that reflects each (m.acks)
+let nextEvent = 0, answered = 0; const sentAt = new Map(); const photon = [];
+const send = () => {
+  if (ws.readyState !== 1) return;
+  nextEvent += 1; sentAt.set(nextEvent, performance.now());
+  ws.send(JSON.stringify({keys: [...held], id: nextEvent}));
+};
+const onScreen = (event) => {  // the tagged frame is shown now: every event up to it is answered
+  const now = performance.now();
+  for (const [n, t] of sentAt) if (n <= event) { photon.push(now - t); sentAt.delete(n); answered += 1; }
+  while (photon.length > 50) photon.shift();
+  if (!photon.length) return;
+  const s = [...photon].sort((a, b) => a - b);
+  $("photon").textContent = photon[photon.length - 1].toFixed(0);
+  $("photon_p50").textContent = s[Math.floor((s.length - 1) / 2)].toFixed(0);
+  $("photon_n").textContent = answered;
+};
 ws.onopen = () => { $("status").textContent = "live"; send(); };
 ws.onclose = () => { $("status").textContent = "closed"; };
 ws.onmessage = (ev) => {
   const m = JSON.parse(ev.data);
   if (m.type === "error") { $("status").textContent = "error: " + m.error; return; }
-  for (let i = 0; i < m.frames.length; i++) queue.push([m.frames[i], m.ids[i]]);
-  while (queue.length > 12) queue.shift();  // overlap: drop the oldest
+  const tags = new Map((m.acks || []).map((a) => [a.frame, a.event]));
+  for (let i = 0; i < m.frames.length; i++) queue.push([m.frames[i], m.ids[i], tags.get(i)]);
+  while (queue.length > 12) {  // overlap: drop the oldest (its tag moves to the next frame)
+    const [, , tag] = queue.shift();
+    if (tag !== undefined) queue[0][2] = Math.max(tag, queue[0][2] ?? 0);
+  }
   $("cell").textContent = m.cell; $("key").textContent = m.key;
   const t = m.times;
   $("latency").textContent = (1000 * t.total).toFixed(1);
@@ -113,9 +173,10 @@ setInterval(() => {  // 16 fps through the jitter buffer
   const now = performance.now();
   if (!playing && queue.length >= 2) playing = true;
   if (playing && queue.length) {
-    const [rgb, ids] = queue.shift();
+    const [rgb, ids, tag] = queue.shift();
     $("rgb").src = "data:image/jpeg;base64," + rgb;
     if (ids) $("ids").src = "data:image/png;base64," + ids;
+    if (tag !== undefined) onScreen(tag);
     shown += 1;
   } else if (playing && !queue.length) { /* underrun: hold the last frame */ }
   if (now - lastTick >= 1000) { fps = shown * 1000 / (now - lastTick); shown = 0; lastTick = now;
@@ -216,12 +277,14 @@ def create_app(
             return
         async with lock:
             held: list[str] = []
+            received = 0  # the newest key event number received
 
             async def receive() -> None:
-                nonlocal held
+                nonlocal held, received
                 while True:
                     msg = json.loads(await socket.receive_text())
                     held = [str(k) for k in msg.get("keys", [])][:16]
+                    received = max(received, event_id(msg) or 0)
 
             reader = asyncio.create_task(receive())
             try:
@@ -234,14 +297,30 @@ def create_app(
                     "decode": 0.0,
                     "total": time.perf_counter() - t0,
                 }
-                await socket.send_text(cell_message(0, "anchor", frames0, session.ids0, zero))
+                # cells whose frames are still to come, in order: (the key event the cell is the
+                # first to reflect, its ids) — the side-stream decode hands frames out a cell late
+                waiting: deque[tuple[int | None, Any]] = deque([(None, lambda: session.ids0)])
+
+                def message(cell: int, key: str, clips: list[np.ndarray], times: dict[str, float]) -> str:
+                    tagged = []
+                    for rgb in clips:
+                        event, ids = waiting.popleft()
+                        tagged.append((rgb, ids(), event))
+                    return cell_message(cell, key, tagged, times)
+
+                text = await asyncio.to_thread(message, 0, "anchor", frames0, zero)
+                await socket.send_text(text)
                 next_at = time.perf_counter()
+                taken = 0
                 while not reader.done():
                     block = keys_to_block(held)
+                    event, taken = (received if received > taken else None), received
                     out = await asyncio.to_thread(session.step, block)
-                    await socket.send_text(
-                        cell_message(out.cell, out.key, out.out.frames, out.ids, out.out.times.as_dict())
+                    waiting.append((event, lambda out=out: out.ids))
+                    text = await asyncio.to_thread(
+                        message, out.cell, out.key, out.out.frames, out.out.times.as_dict()
                     )
+                    await socket.send_text(text)
                     next_at = max(next_at + CELL_S, time.perf_counter() - CELL_S)  # content rate
                     await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
             except (WebSocketDisconnect, RuntimeError):  # the page went away mid-send

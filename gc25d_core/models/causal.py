@@ -22,7 +22,7 @@ rollout that committed the clean cells 0..i-1 at t=0 and then ran noisy cell i.
 Rollout (deploy and the stage-3 self-rollout): prefill cell 0 at t=0; per cell, ``len(timesteps)``
 denoise forwards (x0 = x - sigma*v, re-noise to the next sigma with fresh noise), then a commit
 forward of x0 at t=0 writes the cell's K/V (no noisy-step K/V are ever cached; the cache is
-written under no_grad). ``sigma = t / 1000``; the timestep axis itself comes from the flow module.
+written under no_grad). ``sigma = t / 1000`` (flow.axis_sigma); the timestep axis itself comes from the flow module.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from gc25d_core.flow import NUM_TRAIN_TIMESTEPS
+from gc25d_core.flow import axis_sigma, noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def flex_block_mask(group_mask_GG: torch.Tensor, tokens_per_group: int):
 
 def _flex_attention(q, k, v, block_mask, kernel_options: dict[str, Any] | None = None):
     """Flex attention, compiled on CUDA; ``kernel_options``: torch's FlexKernelOptions (block sizes,
-    TMA, the FlashAttention-4 backend), measured per shape in bench/attention.py ``--mask tf``."""
+    TMA, the FlashAttention-4 backend), measured per shape in bench/speed/attention.py ``--mask tf``."""
     from torch.nn.attention.flex_attention import flex_attention
 
     key = q.device.type
@@ -603,7 +603,7 @@ class GraphedKVForward:
     all at load. Everything else (the anchor prefill, a fold, another cache, a CPU, grad) runs
     the model eagerly.
     The graphs compute what the eager forward computes on the same buffers (tests/deploy checks
-    the eager static path equals the KVCache one; bench/deploy.py records the replay's error).
+    the eager static path equals the KVCache one; bench/speed/deploy.py records the replay's error).
     A capture that fails turns the graphs off and says why (``disabled``)."""
 
     def __init__(self, model: Any):
@@ -804,10 +804,6 @@ class KVFoldAttention:
 # rollout (deploy, stage-3 self-rollout, tests)
 
 
-def sigma_of(t: float) -> float:
-    return float(t) / NUM_TRAIN_TIMESTEPS
-
-
 def _noise_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
 
@@ -858,13 +854,12 @@ def denoise_cell(
                 extra["use_gradient_checkpointing"] = True
             v = model(x, t, text, sem_ids, mode="kv", cell=cell, cache=cache, commit=False, **extra)
             assert v is not None
-            x0 = x - sigma_of(t) * v
+            x0 = x0_at_sigma(x, v, axis_sigma(t))
         if record is not None:
             record.append({"cell": cell, "step": k, "x": x.detach(), "t": t, "v": v.detach()})
         if k < exit_k:
             eps = noise[k] if noise is not None else _noise_like(x, generator)
-            s_next = sigma_of(timesteps[k + 1])
-            x = ((1.0 - s_next) * x0 + s_next * eps).detach()
+            x = noise_at_sigma(x0, eps, axis_sigma(timesteps[k + 1])).detach()
     if not commit:
         return x0
     with torch.no_grad():

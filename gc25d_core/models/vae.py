@@ -255,6 +255,22 @@ class StreamingDecoder:
         self.replays = 0
         self._graph: Any = None
         self._static: dict[str, Any] = {}
+        self._norm: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def reset(self) -> None:
+        """A new clip from its first cell; a captured graph is kept (a new session replays it)."""
+        self._cache = [None] * len(self._cache)
+        self.cells = 0
+
+    def _denormalise(self, z: torch.Tensor) -> torch.Tensor:
+        """``_denormalise`` with the VAE's mean / std kept on ``z``'s device: DiffSynth holds them as
+        CPU tensors, a host copy per cell that a CUDA graph capture refuses (the same values)."""
+        if self._norm is None or self._norm[0].device != z.device or self._norm[0].dtype != z.dtype:
+            shape = (1, -1, 1, 1, 1)
+            mean = self.vae.mean.to(dtype=z.dtype, device=z.device).view(shape)
+            self._norm = (mean, self.vae.std.to(dtype=z.dtype, device=z.device).view(shape))
+        mean, std = self._norm
+        return z * std + mean
 
     def _graphable(self, z: torch.Tensor) -> bool:
         return (
@@ -272,7 +288,7 @@ class StreamingDecoder:
             st["cache_in"] = [None if c is None else c.clone() for c in self._cache]
 
             def body() -> tuple[torch.Tensor, list[Any]]:
-                x = self.model.conv2(_denormalise(self.vae, st["z"]))
+                x = self.model.conv2(self._denormalise(st["z"]))
                 out, new, _ = self.model.decoder(
                     x, feat_cache=list(st["cache_in"]), feat_idx=[0], first_chunk=False
                 )
@@ -295,6 +311,9 @@ class StreamingDecoder:
                 raise RuntimeError("the decoder's cache changed shape between cells")
             self._graph = graph
         st["z"].copy_(z)
+        for a, c in zip(st["cache_in"], self._cache, strict=True):
+            if a is not None and c is not a:  # the eager cells of a new clip (reset) fill the graph's
+                a.copy_(c)
         self._graph.replay()
         for a, b in zip(st["cache_in"], st["cache_out"], strict=True):
             if a is not None:
@@ -325,7 +344,7 @@ class StreamingDecoder:
                 self.graph_disabled = f"{type(e).__name__}: {e}"
                 self._graph, self._static = None, {}
         with torch.autocast(device_type=device.type, enabled=False):
-            x = self.model.conv2(_denormalise(self.vae, z_cell.to(device=device, dtype=self.dtype)))
+            x = self.model.conv2(self._denormalise(z_cell.to(device=device, dtype=self.dtype)))
             out, self._cache, _ = self.model.decoder(
                 x, feat_cache=self._cache, feat_idx=[0], first_chunk=self.cells == 0
             )
@@ -350,8 +369,10 @@ def video_to_frames(video: torch.Tensor) -> np.ndarray:
     """float ``[3, T, H, W]`` in [-1, 1] -> RGB uint8 ``[T, H, W, 3]`` (clipped, rounded)."""
     if video.ndim != 4 or video.shape[0] != 3:
         raise ValueError(f"video must be [3, T, H, W], got {tuple(video.shape)}")
-    x = (video.detach().float().cpu().clamp(-1, 1) + 1) * 127.5
-    return x.round().to(torch.uint8).permute(1, 2, 3, 0).contiguous().numpy()
+    # the arithmetic and the interleave on the video's device: a GPU copies back a quarter of the
+    # bytes (uint8) and the host does no per-pixel work (the live loop's decode, ~10 ms at 832x480)
+    x = ((video.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(1, 2, 3, 0).contiguous().cpu().numpy()
 
 
 def decode_frames(vae: WanVideoVAE38, z: torch.Tensor) -> np.ndarray:

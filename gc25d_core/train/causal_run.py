@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gc25d_core.distributed import all_reduce
-from gc25d_core.flow import DEPLOY_AXIS, FlowSchedule
+from gc25d_core.flow import DEPLOY_AXIS, FlowSchedule, noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import FULL_CAUSAL, CausalConfig
 from gc25d_core.train.config import CausalStageConfig
 from gc25d_core.train.data import generator
@@ -39,8 +39,7 @@ def noise_per_cell(
     schedule: FlowSchedule, x0: torch.Tensor, t_cells: torch.Tensor, noise: torch.Tensor
 ) -> torch.Tensor:
     """x_t with cell j at σ(t_j) (t_cells [B, N]); cell 0 is kept clean exactly."""
-    sigma = schedule.sigma(t_cells).to(x0)[:, None, :, None, None]
-    x_t = (1.0 - sigma) * x0 + sigma * noise
+    x_t = noise_at_sigma(x0, noise, schedule.sigma(t_cells).to(x0)[:, None, :, None, None])
     x_t[:, :, 0] = x0[:, :, 0]
     return x_t
 
@@ -81,7 +80,7 @@ class CausalRun(DenoiserRun):
             t_cells = cells_at(t, 1, x0.shape[2])
             x_t = noise_per_cell(self.schedule, x0, t_cells, noise)
             v = self.model.infer(**self.tf_kwargs(x_t, t_cells, [clip.keys], clip.ids[None], x0)).float()
-            x0_hat = x_t - float(self.schedule.sigma(t)) * v
+            x0_hat = x0_at_sigma(x_t, v, float(self.schedule.sigma(t)))
             sums[0] += weight * float((x0_hat - x0)[:, :, 1:].pow(2).mean())
             sums[1] += weight * float((x0[:, :, :-1] - x0[:, :, 1:]).pow(2).mean())
         tot = all_reduce(sums.tolist(), self.device)

@@ -2,15 +2,22 @@
 
 ``DenoiserRun`` builds the pinned training stream, the text bank, the engine and the one trained
 model (its init from the section: random, Wan2.2, an export or a hand-off), the validation clips,
-and runs the optimizer step: ``grad_accum`` micro-batches, each ``micro_loss`` (the stage's math)
-forward and backward, then the step. Everything the loop records is summed in one host sync.
-A stage file writes ``micro_loss`` and, where it has them, extra validation and export metadata.
+and runs the optimizer step as a list of optimizer phases (``Phase``): each names the trained
+model it updates, the micro-batch function (the stage's math: forward(s) and loss) and how many
+updates of how many micro-batches it takes per step; the step runs their micro-step bookkeeping
+(fresh micro-batches, seeded draws, accumulation, backward, optimizer step, sums over micro-batches
+and ranks in one host sync). The one-model stages have one phase, ``grad_accum`` micro-batches of
+``micro_loss`` into one update; stage 3 has the critic's updates, then the generator's. A stage
+file writes ``micro_loss`` (or its phases) and, where it has them, extra validation and export
+metadata.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,10 +43,6 @@ from gc25d_core.train.model import build_model, init_export, last_stats, param_g
 from gc25d_core.train.state import ResumePoint, RngState, Stateful
 from gc25d_core.train.validation import VAL_MODES, load_val_clips, validate_modes
 
-# what a step sums over micro-batches and ranks: kept on the device (one sync per step) / on the host
-DEVICE_SUMS = ("loss", "mse", "sem_rms", "x_rms", "grad_norm")
-HOST_SUMS = ("t", "text_dropped", "cond_dropped", "masked", "samples", "masked_frac", "data_s")
-
 
 class MicroLoss(NamedTuple):
     loss: torch.Tensor  # what is back-propagated
@@ -47,11 +50,52 @@ class MicroLoss(NamedTuple):
     t_mean: float  # the micro-batch's mean timestep over its noisy cells (logged)
 
 
+class Micro(NamedTuple):
+    """What a phase's micro-batch function gives the step: the loss to back-propagate and its
+    numbers, summed over the step's micro-batches and ranks under the names the stage declares
+    (``DEVICE_SUMS`` / ``HOST_SUMS``; a name a micro-batch leaves out adds 0)."""
+
+    loss: torch.Tensor
+    sums: dict[str, torch.Tensor]  # device scalars (one host sync per step)
+    host: dict[str, float]
+
+
+# (samples, gen, step, update) -> Micro: one micro-batch's forward(s) and loss, no backward
+MicroFn = Callable[[list[TrainingSample], torch.Generator, int, int], Micro]
+
+
+def _by_micro(update: int, micro: int) -> tuple[int, ...]:
+    return (micro,)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One optimizer phase of a training step: ``updates`` optimizer steps of ``trained``, each
+    over ``micro_batches`` fresh micro-batches whose ``micro`` losses accumulate into it.
+
+    A micro-batch's random draws come from ``generator(seed, stream, rank, step, *key(update,
+    micro))``, so a resumed run redraws them exactly. ``grad_norm`` names the device sum the
+    update's pre-clip global norm (over the world size) adds to; None leaves it unrecorded."""
+
+    stream: str
+    trained: Trained
+    micro: MicroFn
+    updates: int = 1
+    micro_batches: int = 1
+    grad_norm: str | None = "grad_norm"
+    key: Callable[[int, int], tuple[int, ...]] = _by_micro
+
+
 class DenoiserRun(StageRun):
     section: StageConfig
     ema: Ema | None = None  # a stage that keeps one sets it in build: saved, updated and exported here
     # the kind of export an export / hand-off init must be: causal (True), bidirectional (False), either
     init_causal: bool | None = None
+    # what a step sums over micro-batches and ranks: kept on the device (one sync per step) / on the
+    # host; the host's "data_s" (the wait for each micro-batch) is added by the step
+    DEVICE_SUMS: tuple[str, ...] = ("loss", "mse", "sem_rms", "x_rms", "grad_norm")
+    HOST_SUMS: tuple[str, ...] = ("t", "text_dropped", "cond_dropped", "masked", "samples", "masked_frac")
+    sync_phases = False  # synchronise the device around each phase (its seconds in step_record)
 
     def build(self, resume: ResumePoint) -> None:
         self.open_stream(resume)
@@ -152,50 +196,106 @@ class DenoiserRun(StageRun):
         raise NotImplementedError
 
     def after_optimizer_step(self, step: int) -> None:
-        """Called once the step's update is applied: the EMA follows it."""
+        """Called once the step's updates are applied: the EMA follows the trained model."""
         if self.ema is not None:
             self.ema.update(step)
 
+    def phases(self) -> list[Phase]:
+        """The optimizer phases of a step, in order: here one, ``grad_accum`` micro-batches of
+        ``micro_loss`` into one update of ``self.model``."""
+        return [Phase("train", self.model, self.denoiser_micro, micro_batches=self.section.grad_accum)]
+
+    def denoiser_micro(
+        self, samples: list[TrainingSample], gen: torch.Generator, step: int, update: int
+    ) -> Micro:
+        """The one phase's micro-batch: ``micro_loss``, the model's input statistics of that forward
+        (its last) and the samples' dropout and masking counts."""
+        out = self.micro_loss(samples, gen)
+        st, zero = last_stats(self.model.module), torch.zeros((), device=self.device)
+        sums = {
+            "loss": out.loss,
+            "mse": out.mse,
+            "sem_rms": st.get("sem_rms", zero),
+            "x_rms": st.get("x_rms", zero),
+        }
+        host = {
+            "t": out.t_mean,
+            "text_dropped": sum(s.text_dropped for s in samples),
+            "cond_dropped": sum(s.cond_dropped for s in samples),
+            "masked": sum(s.masked for s in samples),
+            "samples": len(samples),
+            "masked_frac": sum(s.masked_frac for s in samples),
+        }
+        return Micro(out.loss, sums, host)
+
     def train_step(self, step: int) -> dict[str, float]:
-        """grad_accum micro-batches, then mark them consumed. An epoch budget that is not a multiple
-        of grad_accum ends the epoch inside a step: the closing epoch's keys are marked first."""
-        sec, ga = self.section, self.section.grad_accum
+        """Every phase in turn, each micro-batch a fresh one from the stream, then mark them consumed.
+        An epoch budget that is not a multiple of a step's micro-batches ends the epoch inside a
+        step: the closing epoch's keys are marked first."""
         self.current_step = step
-        sums = StepSums(DEVICE_SUMS, HOST_SUMS, self.device)
+        sums = StepSums(self.DEVICE_SUMS, (*self.HOST_SUMS, "data_s"), self.device)
+        seconds: dict[str, float] = {}
         keys_done: list[Any] = []
-        for micro in range(ga):
-            if self.data.epoch_ends and keys_done:
-                self.data.mark_consumed(keys_done)
-                keys_done = []
-            t_data = time.perf_counter()
-            items = self.data.next_micro()
-            data_s = time.perf_counter() - t_data
-            samples = [s for _, s in items]
-            keys_done += [k for k, _ in items]
-            gen = generator(sec.seed, "train", self.rank, step, micro)
-            boundary = micro == ga - 1
-            with self.model.accumulate(boundary):
-                out = self.micro_loss(samples, gen)
-                self.model.backward(out.loss)
-            grad_norm = self.model.step(boundary)
-            st, zero = last_stats(self.model.module), torch.zeros((), device=self.device)
-            norm = grad_norm.to(self.device) / self.world if grad_norm is not None else zero
-            sums.add_device([out.loss, out.mse, st.get("sem_rms", zero), st.get("x_rms", zero), norm])
-            sums.add_host(
-                [
-                    out.t_mean,
-                    sum(s.text_dropped for s in samples),
-                    sum(s.cond_dropped for s in samples),
-                    sum(s.masked for s in samples),
-                    len(samples),
-                    sum(s.masked_frac for s in samples),
-                    data_s,
-                ]
-            )
+        for phase in self.phases():
+            t0 = self.sync()
+            for update in range(phase.updates):
+                for micro in range(phase.micro_batches):
+                    if self.data.epoch_ends and keys_done:
+                        self.data.mark_consumed(keys_done)
+                        keys_done = []
+                    t_data = time.perf_counter()
+                    items = self.data.next_micro()
+                    data_s = time.perf_counter() - t_data
+                    keys_done += [k for k, _ in items]
+                    samples = [s for _, s in items]
+                    self.micro_step(phase, step, (update, micro), samples, data_s, sums)
+            seconds[phase.stream] = self.sync() - t0
         self.data.mark_consumed(keys_done)
         self.after_optimizer_step(step)
-        tot = sums.reduce()
-        n_micro, n_samples = ga * self.world, tot["samples"]
+        return self.step_record(sums.reduce(), seconds)
+
+    def micro_step(
+        self,
+        phase: Phase,
+        step: int,
+        at: tuple[int, int],
+        samples: list[TrainingSample],
+        data_s: float,
+        sums: StepSums,
+    ) -> None:
+        """Micro-batch ``at`` = (update, micro) of ``phase``: its loss forward and backward, the
+        optimizer step after the update's last micro-batch; its numbers into the step's sums."""
+        update, micro = at
+        gen = generator(self.section.seed, phase.stream, self.rank, step, *phase.key(update, micro))
+        boundary = micro == phase.micro_batches - 1
+        with phase.trained.accumulate(boundary):
+            out = phase.micro(samples, gen, step, update)
+            phase.trained.backward(out.loss)
+        grad_norm = phase.trained.step(boundary)
+        device = dict(out.sums)
+        if phase.grad_norm is not None:
+            zero = torch.zeros((), device=self.device)
+            device[phase.grad_norm] = (
+                grad_norm.to(self.device) / self.world if grad_norm is not None else zero
+            )
+        unknown = sorted(set(device) - set(self.DEVICE_SUMS)) + sorted(set(out.host) - set(self.HOST_SUMS))
+        if unknown:
+            raise KeyError(
+                f"{self.name}: phase {phase.stream!r} sums {unknown}, not in DEVICE_SUMS / HOST_SUMS"
+            )
+        zero = torch.zeros((), device=self.device)
+        sums.add_device([device.get(k, zero) for k in self.DEVICE_SUMS])
+        sums.add_host([out.host.get(k, 0.0) for k in self.HOST_SUMS] + [data_s])
+
+    def sync(self) -> float:
+        """The time; with ``sync_phases`` on a GPU after the device is done (phase timings)."""
+        if self.sync_phases and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def step_record(self, tot: dict[str, float], seconds: dict[str, float]) -> dict[str, float]:
+        """The step's record from its sums over micro-batches and ranks and its phases' seconds."""
+        n_micro, n_samples = self.section.grad_accum * self.world, tot["samples"]
         lr, cond_lr = self.model.lrs()
         return {
             "loss": tot["loss"] / n_micro,

@@ -1,8 +1,9 @@
 """The training loop every stage shares: run folder, determinism, resume, cadences, reporting.
 
 A stage subclasses ``StageRun`` and writes its math: ``build`` (models, engines, data), ``train_step``
-(one optimizer step, returning its record), ``validate``, ``export``, ``state_parts``. The loop does the
-rest the same way for every stage::
+(one optimizer step, returning its record), ``validate``, ``export``, ``state_parts``. The stages on the
+training stream get ``train_step`` from train.denoiser, as optimizer phases over their micro-batch
+losses. The loop does the rest the same way for every stage::
 
     <run_dir>/config.yaml               the resolved run config (one per run folder)
     <run_dir>/deepspeed.json, accelerate.yaml   the engine's generated configs (relaunch by hand)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gc25d_core.flow import FlowSchedule
+from gc25d_core.flow import FlowSchedule, x0_at_sigma
 from gc25d_core.train.causal_run import CausalRun, cells_at, noise_per_cell
 from gc25d_core.train.config import Stage2Config
 from gc25d_core.train.data import TrainingSample
@@ -125,12 +125,12 @@ class Stage2Run(CausalRun):
                 ema = self.ema
                 swap = ema.swapped_in() if ema.started else contextlib.nullcontext()
                 with swap:
-                    return x - float(self.schedule.sigma(t)) * target_v(x, t)
+                    return x0_at_sigma(x, target_v(x, t), float(self.schedule.sigma(t)))
 
             target = cd_target(x_t, points, teacher, target_x0, self.schedule)
         t_cells = cells_at(points[0], x0.shape[0], x0.shape[2])
         pred = self.model(**self.tf_kwargs(x_t, t_cells, keys, ids, x0), **self.checkpointing())
-        x0_hat = x_t - float(self.schedule.sigma(points[0])) * pred.float()
+        x0_hat = x0_at_sigma(x_t, pred.float(), float(self.schedule.sigma(points[0])))
         mse = (x0_hat - target)[:, :, 1:].pow(2).mean()
         return MicroLoss(mse, mse, points[0])
 

@@ -3,7 +3,9 @@
 Networks: the generator G (causal, the stage-2 EMA final export, trained), the real score (the SFT
 teacher, bidirectional, frozen: never gets gradients) and the critic / fake score (bidirectional,
 initialised from the SFT teacher, trained). One optimizer step = ``critic_steps`` critic updates,
-each on a fresh batch and a fresh no-grad rollout, then one generator update.
+each on a fresh batch and a fresh no-grad rollout, then one generator update: two optimizer
+phases (train.denoiser.Phase), whose micro-step bookkeeping (batches, seeded draws, backward,
+optimizer steps, sums) is the shared step's. This file holds the losses, the rollout and the scoring.
 
 Self-rollout (the deploy runtime's code: models.causal.CausalStreamer, the 4-step consistency
 sampler with the commit at t = 0; deploy forces the exit step to the last under no_grad):
@@ -26,22 +28,22 @@ cfg 1.0: one conditional pass of the real score.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from gc25d_core.distributed import all_reduce, broadcast_ints
+from gc25d_core.flow import noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.sem_cond import cell_frame_slice
 from gc25d_core.train.causal_run import CausalRun
 from gc25d_core.train.config import Stage3Config
 from gc25d_core.train.data import TrainingSample, batch_of, generator
+from gc25d_core.train.denoiser import Micro, Phase
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained
 from gc25d_core.train.inputs import draw_noise, to_device
-from gc25d_core.train.metrics import StepSums
 from gc25d_core.train.model import build_model, init_export, param_groups
 from gc25d_core.train.state import ResumePoint, Stateful
 
@@ -124,11 +126,15 @@ class Stage3Run(CausalRun):
         )
         self.real = self.engine.frozen(real)
         self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
+        self.sync_phases = sec.time_phases
+        self.draws = []
 
     def state_parts(self) -> dict[str, Stateful]:
         return {**super().state_parts(), "critic": self.critic}
 
     # -- rollout ------------------------------------------------------------------------------------
+
+    draws: list[tuple[int, int]]  # (cells, exit step) of this step's rollouts
 
     def _draw(self, step: int, k: int) -> tuple[int, int]:
         """(cells incl. the anchor, exit step) drawn on rank 0 and broadcast."""
@@ -137,6 +143,7 @@ class Stage3Run(CausalRun):
         cells = int(torch.randint(sec.min_cells, sec.max_cells + 1, (1,), generator=g))
         exit_step = int(torch.randint(0, len(self.axis), (1,), generator=g))
         cells, exit_step = broadcast_ints([cells, exit_step], self.device)
+        self.draws = [] if k == 0 else self.draws  # the step's first rollout (its first critic update)
         self.draws.append((cells, exit_step))
         return cells, exit_step
 
@@ -200,8 +207,7 @@ class Stage3Run(CausalRun):
         t = float(self.schedule.timesteps[int(self.schedule.sample_index(gen)[0])])
         t = min(max(t, sec.t_min), sec.t_max)
         noise = draw_noise(x.shape, gen, self.device)
-        sigma = float(self.schedule.sigma(t))
-        x_t = (1.0 - sigma) * x + sigma * noise
+        x_t = noise_at_sigma(x, noise, float(self.schedule.sigma(t)))
         x_t[:, :, 0] = x[:, :, 0]  # the anchor: clean, t = 0 (TI2V), ε unused
         mask = torch.ones(1, 1, x.shape[2], 1, 1, dtype=torch.bool, device=self.device)
         mask[:, :, 0] = False
@@ -212,29 +218,42 @@ class Stage3Run(CausalRun):
     ) -> torch.Tensor:
         """x̂0 of a bidirectional score network (TI2V: cell 0 at t = 0)."""
         v = net(**self.kwargs(x_t, t, keys, ids)).float()
-        return x_t - float(self.schedule.sigma(t)) * v
+        return x0_at_sigma(x_t, v, float(self.schedule.sigma(t)))
 
-    def _sync(self) -> float:
-        if self.section.time_phases and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+    # -- the optimizer phases -----------------------------------------------------------------------
 
-    def critic_step(self, step: int, k: int) -> torch.Tensor:
-        samples = [s for _, s in self._next()]
-        gen = generator(self.section.seed, "critic", self.rank, step, k)
+    DEVICE_SUMS = ("critic_loss", "gen_loss", "grad_norm")
+    HOST_SUMS = ("t",)
+
+    def phases(self) -> list[Phase]:
+        """``critic_steps`` critic updates, each on a fresh batch and a fresh no-grad rollout, then
+        one generator update (the EMA follows it); only the generator's grad norm is recorded."""
+        return [
+            Phase(
+                "critic",
+                self.critic,
+                self.critic_micro,
+                updates=self.section.critic_steps,
+                grad_norm=None,
+                key=lambda update, micro: (update,),
+            ),
+            Phase("generator", self.model, self.generator_micro, key=lambda update, micro: ()),
+        ]
+
+    def critic_micro(self, samples: list[TrainingSample], gen: torch.Generator, step: int, k: int) -> Micro:
+        """L_D on a no-grad rollout: the critic's flow loss on the generated clip."""
         cells, exit_step = self._draw(step, k)
         with torch.no_grad():
             x, ids, keys = self.rollout(samples, cells, exit_step, gen, grad=False)
         x_t, noise, mask, t = self._noised(x, gen)
         v_hat = self.critic(**self.kwargs(x_t, t, keys, ids))
         loss = critic_flow_loss(v_hat, noise, x, mask)
-        self.critic.backward(loss)
-        self.critic.step(True)
-        return loss.detach()
+        return Micro(loss, {"critic_loss": loss.detach() / self.section.critic_steps}, {})
 
-    def generator_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        samples = [s for _, s in self._next()]
-        gen = generator(self.section.seed, "generator", self.rank, step)
+    def generator_micro(
+        self, samples: list[TrainingSample], gen: torch.Generator, step: int, update: int
+    ) -> Micro:
+        """L_G: the DMD surrogate on a rollout whose last K exit forwards hold the graph."""
         cells, exit_step = self._draw(step, self.section.critic_steps)
         x, ids, keys = self.rollout(samples, cells, exit_step, gen, grad=True)
         x_t, _, mask, t = self._noised(x.detach(), gen)
@@ -243,38 +262,9 @@ class Stage3Run(CausalRun):
             x_real = self._score(self.real, x_t, t, keys, ids)
             grad = dmd_gradient(x.detach(), x_fake, x_real, mask)
         loss = dmd_generator_loss(x, grad, mask)
-        self.model.backward(loss)
-        norm = self.model.step(True)
-        self.after_optimizer_step(step)
-        return loss.detach().float(), norm, t
+        return Micro(loss, {"gen_loss": loss.detach().float()}, {"t": t})
 
-    def _next(self) -> list[tuple[Any, TrainingSample]]:
-        if self.data.epoch_ends and self._keys_done:
-            self.data.mark_consumed(self._keys_done)
-            self._keys_done = []
-        items = self.data.next_micro()
-        self._keys_done += [k for k, _ in items]
-        return items
-
-    _keys_done: list[Any]
-    draws: list[tuple[int, int]]  # (cells, exit step) of this step's rollouts
-
-    def train_step(self, step: int) -> dict[str, float]:
-        self._keys_done, self.draws = [], []
-        sums = StepSums(("critic_loss", "gen_loss", "grad_norm"), ("t",), self.device)
-        t0 = self._sync()
-        for k in range(self.section.critic_steps):
-            sums.add_device(
-                [self.critic_step(step, k) / self.section.critic_steps, torch.zeros(()), torch.zeros(())]
-            )
-        t1 = self._sync()
-        gen_loss, norm, t = self.generator_step(step)
-        t2 = self._sync()
-        zero = torch.zeros((), device=self.device)
-        sums.add_device([zero, gen_loss, norm.to(self.device) / self.world if norm is not None else zero])
-        sums.add_host([t])
-        self.data.mark_consumed(self._keys_done)
-        tot = sums.reduce()
+    def step_record(self, tot: dict[str, float], seconds: dict[str, float]) -> dict[str, float]:
         # the generator rollout's draws as the ranks saw them: min and max over ranks agree
         cells, exit_step = self.draws[-1]
         lo = all_reduce([cells, exit_step], self.device, op="min")
@@ -293,8 +283,8 @@ class Stage3Run(CausalRun):
             "lr": lr,
             "cond_lr": cond_lr,
             "critic_lr": critic_lr,
-            "critic_s": t1 - t0,
-            "generator_s": t2 - t1,
+            "critic_s": seconds["critic"],
+            "generator_s": seconds["generator"],
             "ema_started": float(self.ema.started),
             "rollout_cells_min": lo[0],
             "rollout_cells_max": -hi[0],

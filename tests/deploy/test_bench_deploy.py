@@ -1,5 +1,5 @@
-"""bench/speed/deploy.py on the tiny models prints one JSON object: the live loop (the default) and the
-steady-state cell."""
+"""bench/speed/deploy.py on the tiny models prints one JSON object: the live loop (the default), the
+steady-state cell, and action-to-photon through the play server."""
 
 from __future__ import annotations
 
@@ -95,3 +95,13 @@ def test_bench_deploy_loop_cpu_tiny_times_every_cell_and_checks_the_world(tmp_pa
     assert r["world_check"]["cells"] == 2 and r["world_check"]["agreement"] >= 0.999
     assert r["world_speed"]["torch_fp64"]["cell_s"]["n"] == 3
     assert r["summary"]["best_lever"] in {"exact", "fold"}
+
+
+def test_bench_deploy_serve_cpu_tiny_times_key_events_to_their_frames(tmp_path):
+    r = _run(tmp_path, "--mode", "serve", "--events", "5")
+    serve = r["serve"]
+    assert r["mode"] == "serve" and serve["server"] == "in-process" and serve["lever"] == "exact"
+    assert serve["events"] == serve["answered"] == 5
+    lat = serve["latency_s"]
+    assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["max"] < 30
+    assert serve["messages"] >= 2 and serve["mean_message_bytes"] > 0

@@ -104,10 +104,16 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
 
     fast = opts(cuda=True)
     assert fast.cuda_graphs and fast.decode_fast and fast.decode_dtype == "bf16" and not fast.decode_stream
+    assert fast.decode_graph  # bench lever graphs_all: the fastest measured, the exact latents
     exact = opts("--exact", cuda=True)
     assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
+    assert not exact.decode_graph
     assert opts(cuda=False) == exact  # a CPU runs the exact path
-    assert opts("--decode-stream", cuda=True).decode_stream
+    stream = opts("--decode-stream", cuda=True)
+    assert stream.decode_stream and not stream.decode_graph  # the pair is not measured
+    assert opts("--decode-graph", cuda=False).decode_graph
     assert not opts("--fold-commit", cuda=True).cuda_graphs  # a fold runs on the KVCache
     with pytest.raises(ValueError, match="--exact contradicts"):
         opts("--exact", "--cuda-graphs", cuda=True)
+    with pytest.raises(ValueError, match="--exact contradicts"):
+        opts("--exact", "--decode-graph", cuda=True)

@@ -1,5 +1,6 @@
 """The web page in a real headless Chromium (Debian's chromium + chromedriver, selenium) on the
-tiny models: frames arrive, they change with the keys held, and the per-cell latency is shown.
+tiny models: frames arrive, they change with the keys held, the per-cell latency is shown, and so
+is the action-to-photon latency of the keys pressed (the server's tagged frames put on screen).
 A failure saves a screenshot under $GC25D_TEST_ARTIFACTS (default: the test's tmp dir)."""
 
 from __future__ import annotations
@@ -102,14 +103,24 @@ def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, reque
             time.sleep(0.07)
         assert len(frames) >= 3
 
+        answered = int(by_id("photon_n").text)  # the page's own first event (keys: none)
         ActionChains(browser).key_down("d").perform()
         _wait(lambda: by_id("key").text == "walk_right", what="the held key to reach the world")
         cell = int(by_id("cell").text)
+        shown = set()
+        for _ in range(12):  # frames follow the key: the picture under it moves on
+            shown.add(by_id("rgb").get_attribute("src"))
+            time.sleep(0.07)
+        assert len(shown - frames) >= 3
         _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells under the held key")
+        _wait(lambda: int(by_id("photon_n").text) > answered, what="the key's tagged frame on screen")
+        last, p50 = float(by_id("photon").text), float(by_id("photon_p50").text)
+        assert 0 < last < 20_000 and 0 < p50 < 20_000  # ms: the key press to its frame shown
         ActionChains(browser).key_up("d").key_down("j").perform()
         _wait(lambda: by_id("key").text == "light_attack", what="the attack key")
         ActionChains(browser).key_up("j").perform()
         _wait(lambda: by_id("key").text == "idle", what="the keys released")
+        _wait(lambda: int(by_id("photon_n").text) >= answered + 3, what="every key event answered")
 
         latency, denoise, decode = (float(by_id(i).text) for i in ("latency", "denoise", "decode"))
         assert latency > 0 and denoise > 0 and decode > 0 and latency >= denoise

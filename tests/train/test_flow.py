@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from gc25d_core.flow import DEPLOY_AXIS, WAN_SCHEDULE, DenoiseAxis, FlowSchedule, shift_sigma
+from gc25d_core.flow import (
+    DEPLOY_AXIS,
+    WAN_SCHEDULE,
+    DenoiseAxis,
+    FlowSchedule,
+    axis_sigma,
+    noise_at_sigma,
+    shift_sigma,
+    x0_at_sigma,
+)
 
 
 def test_grid_and_sigma_values():
@@ -94,3 +103,58 @@ def test_denoise_axis_definition_and_metadata():
     with pytest.raises(ValueError):
         DenoiseAxis(nominal=(500.0, 750.0))
     assert math.isclose(DEPLOY_AXIS.timesteps[1], WAN_SCHEDULE.timesteps[250].item())
+
+
+def test_the_formulas_at_a_given_sigma_are_the_schedules_per_cell_and_on_the_axis():
+    """noise_at_sigma / x0_at_sigma: the schedule's add_noise / x0_from_velocity at a σ given
+    directly (bit for bit with a per-clip σ), per cell through broadcasting, exact inverses, and the
+    axis's σ = t / 1000."""
+    g = torch.Generator().manual_seed(0)
+    x0, eps = torch.randn(2, 4, 5, 3, 3, generator=g), torch.randn(2, 4, 5, 3, 3, generator=g)
+    t = torch.tensor([300.0, 800.0])
+    sigma = WAN_SCHEDULE.sigma(t).float().view(2, 1, 1, 1, 1)
+    assert torch.equal(noise_at_sigma(x0, eps, sigma), WAN_SCHEDULE.add_noise(x0, eps, t))
+    v = WAN_SCHEDULE.velocity_target(x0, eps)
+    x_t = WAN_SCHEDULE.add_noise(x0, eps, t)
+    assert torch.equal(x0_at_sigma(x_t, v, sigma), WAN_SCHEDULE.x0_from_velocity(x_t, v, t))
+    per_cell = torch.linspace(0.0, 1.0, 5).view(1, 1, 5, 1, 1)
+    mixed = noise_at_sigma(x0, eps, per_cell)
+    assert torch.equal(mixed[:, :, 0], x0[:, :, 0]) and torch.equal(mixed[:, :, -1], eps[:, :, -1])
+    torch.testing.assert_close(x0_at_sigma(mixed, eps - x0, per_cell), x0)
+    assert noise_at_sigma(x0, eps, 0.25).equal((1.0 - 0.25) * x0 + 0.25 * eps)  # a float stays a float
+    assert [axis_sigma(t) for t in DEPLOY_AXIS.timesteps] == list(DEPLOY_AXIS.sigmas)
+    assert axis_sigma(625.0) == 0.625
+
+
+def test_no_noising_or_x0_formula_is_written_outside_flow_py():
+    """Every x_t = (1 − σ)·x0 + σ·ε and x0 = x_t − σ·v of the library goes through gc25d_core.flow
+    (the schedule's methods or the helpers at a given σ), so one definition serves training, eval
+    and deploy."""
+    import io
+    import re
+    import tokenize
+    from pathlib import Path
+
+    import gc25d_core
+
+    def code_lines(path: Path) -> dict[int, str]:
+        """The file's code without its strings and comments (docstrings may write the formulas)."""
+        lines: dict[int, str] = {}
+        for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if tok.type not in (tokenize.STRING, tokenize.COMMENT):
+                lines[tok.start[0]] = lines.get(tok.start[0], "") + " " + tok.string
+        return lines
+
+    root = Path(gc25d_core.__file__).parent
+    hand_written = re.compile(
+        r"\(\s*1(\.0)?\s*-\s*(sigma|s_next|s|σ)\w*\s*\)\s*\*"  # (1 − σ)·x
+        r"|-\s*(float\s*\()?[\w.\s]*sigma\w*\s*(\([^()]*\))?\s*\)?\s*\*"  # x − σ·v
+    )
+    found = [
+        f"{path.relative_to(root)}:{n}:{line}"
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "flow.py"
+        for n, line in code_lines(path).items()
+        if hand_written.search(line)
+    ]
+    assert not found, "\n".join(found)

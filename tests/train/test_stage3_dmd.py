@@ -189,14 +189,35 @@ def test_the_rollout_equals_the_deploy_rollout_with_the_last_exit_step(built):
 
 
 def test_each_network_gets_gradients_only_in_its_own_step(built):
+    """One training step through the loop's phases: at each optimizer step only that phase's
+    network holds gradients; the critic's updates come first, then the generator's."""
     run = built
-    run._keys_done, run.draws = [], []
-    run.critic_step(1, 0)
-    assert all(p.grad is None for p in run.model.module.parameters())  # the critic step's rollout: no grad
-    assert all(p.grad is None for p in run.real.parameters())
-    run.generator_step(1)
-    assert all(p.grad is None for p in run.critic.module.parameters())  # zeroed by its step, untouched since
+    seen: list[str] = []
+
+    def grads(params) -> bool:
+        return any(p.grad is not None for p in params)
+
+    def checked(name: str, trained, others):
+        step = trained.step
+
+        def wrapper(boundary: bool):
+            assert grads(trained.module.parameters()), name  # its own backward reached it
+            for other in others:
+                assert not grads(other.parameters()), name  # no other network got gradients
+            seen.append(name)
+            return step(boundary)
+
+        return wrapper
+
+    run.critic.step = checked("critic", run.critic, [run.model.module, run.real])  # type: ignore[method-assign]
+    run.model.step = checked("generator", run.model, [run.critic.module, run.real])  # type: ignore[method-assign]
+    try:
+        record = run.train_step(1)
+    finally:
+        del run.critic.step, run.model.step
+    assert seen == ["critic"] * run.section.critic_steps + ["generator"]
     assert all(not p.requires_grad and p.grad is None for p in run.real.parameters())
+    assert record["critic_loss"] > 0 and record["gen_loss"] == record["loss"]
     assert run.ema.updates == 0 and not run.ema.started  # the EMA starts at step 3
 
 

@@ -1,0 +1,68 @@
+"""Action-to-photon tags of the play server (starlette's TestClient, a real WebSocket, the tiny
+models): each key event the page numbers is answered by the first frame of the first cell whose
+action block was taken after the event arrived, and only by that one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from gc25d_core.deploy.web import create_app, event_id
+
+PORT = 8765
+SERVED = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture(scope="module")
+def session(tiny_export, deploy_cfg):
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+
+    return open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu")
+
+
+def _until_ack(ws, event: int, cells: int = 8) -> tuple[list[dict], dict]:
+    """Messages up to (not including) the one whose acks name ``event``, and that one."""
+    before = []
+    for _ in range(cells):
+        m = json.loads(ws.receive_text())
+        if any(a["event"] == event for a in m["acks"]):
+            return before, m
+        before.append(m)
+    raise AssertionError(f"no frame answered key event {event} within {cells} cells")
+
+
+def test_the_first_frame_reflecting_a_key_event_carries_its_number(session):
+    app = create_app(session, host="127.0.0.1", port=PORT)
+    with (
+        TestClient(app, base_url=SERVED) as client,
+        client.websocket_connect(f"ws://127.0.0.1:{PORT}/ws", headers={"origin": SERVED}) as ws,
+    ):
+        anchor = json.loads(ws.receive_text())
+        assert anchor["cell"] == 0 and anchor["acks"] == [] and len(anchor["frames"]) == 1
+        first = json.loads(ws.receive_text())  # taken before any key event
+        assert first["key"] == "idle" and first["acks"] == []
+
+        ws.send_text(json.dumps({"keys": ["d"], "id": 1}))
+        before, tagged = _until_ack(ws, 1)
+        assert all(m["key"] == "idle" and m["acks"] == [] for m in before)  # taken before it arrived
+        assert tagged["key"] == "walk_right"  # the frame reflects the key
+        assert tagged["acks"] == [{"frame": 0, "event": 1}] and len(tagged["frames"]) == 4
+        after = json.loads(ws.receive_text())
+        assert after["key"] == "walk_right" and after["acks"] == []  # answered once
+
+        # two events close together: the newest is answered by a frame under its keys; an
+        # earlier one is answered by its own frame or by the same one
+        ws.send_text(json.dumps({"keys": [], "id": 2}))
+        ws.send_text(json.dumps({"keys": ["j"], "id": 3}))
+        before, tagged = _until_ack(ws, 3)
+        assert tagged["key"] == "light_attack" and tagged["acks"][-1] == {"frame": 0, "event": 3}
+        assert all(a["event"] == 2 for m in before for a in m["acks"])
+
+
+def test_event_numbers_are_positive_ints():
+    assert event_id({"id": 7}) == 7
+    assert event_id({"keys": []}) is None
+    assert event_id({"id": True}) is None and event_id({"id": "3"}) is None and event_id({"id": 0}) is None
