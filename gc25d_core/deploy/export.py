@@ -110,3 +110,31 @@ def write_deploy_export(
         extra=extra,
     )
     return {"path": str(out), "sha256": sha256_file(out), "source": src, "init_chain": chain, "keys": len(sd)}
+
+
+def export_and_check(
+    source: Path | str,
+    out: Path | str,
+    *,
+    expected_sha256: str | None,
+    vocab: str,
+    runs_root: Path | str | None,
+) -> dict[str, Any]:
+    """``write_deploy_export``, then the file read back through the runtime's own loader
+    (gc25d_core.deploy.runtime.load_deploy_model) and checked against the SPEC §6 / §8 contract: the
+    summary plus ``problems`` (empty: deployable), the loaded model's key count and the metadata a
+    session reads. JSON-able: the deploy_export job writes it next to the file."""
+    from gc25d_core.deploy.runtime import contract_problems, load_deploy_model
+
+    summary = write_deploy_export(source, out, expected_sha256=expected_sha256, runs_root=runs_root)
+    model, meta = load_deploy_model(out, vocab=vocab, expected_sha256=summary["sha256"])
+    num_keys = len(model.state_dict())
+    return {
+        **summary,
+        "keys": num_keys,
+        "problems": contract_problems(meta, num_keys),
+        "vocab": meta.vocab,
+        "causal": meta.causal.model_dump() if meta.causal else None,
+        "denoise_axis": list(meta.denoise_axis or ()),
+        "step": int(meta.extra.get("step", "0") or 0),
+    }

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.eval import metrics as M
+from gc25d_core.eval.spec import EvalConfig, EvalExport
+from gc25d_core.eval.spec import exports_of_handoff as exports_of_handoff  # its home is eval.spec
 from gc25d_core.eval.sweeps import (
     REGIONS,
-    SWEEP_CELLS,
     Case,
     ClipInfo,
     EvalClip,
@@ -38,49 +36,8 @@ from gc25d_core.eval.sweeps import (
     select_chain241,
     select_clip28,
 )
-from gc25d_core.schema import Strict
 
 Decode = Callable[[torch.Tensor], torch.Tensor]
-
-
-class EvalConfig(Strict):
-    """What an evaluation runs; the sweeps' definitions are fixed (gc25d_core.eval.sweeps)."""
-
-    clip28_clips: int = Field(default=4, ge=0, description="has_ext val clips of clip28 (0: skip the sweep)")
-    chain241_chains: int = Field(default=2, ge=0, description="val runs of chain241 (0: skip the sweep)")
-    clip28_cells: int = Field(default=SWEEP_CELLS["clip28"], ge=2)
-    chain241_cells: int = Field(default=SWEEP_CELLS["chain241"], ge=2)
-    teacher_steps: int = Field(default=40, ge=1, description="Euler steps of the bidirectional teacher")
-    teacher_window: int = Field(default=21, ge=2, description="cells per teacher window (its trained length)")
-    teacher_context_cells: int = Field(
-        default=1, ge=1, description="clean cells a later teacher window starts from"
-    )
-    seed: int = 0
-    psnr_cap_db: float = Field(default=M.PSNR_CAP_DB, gt=0)
-    decode: bool = Field(default=True, description="decode rollouts for the pixel metrics (needs the VAE)")
-
-
-@dataclass(frozen=True)
-class EvalExport:
-    """One export to evaluate: ``label`` names it in the reports (stage, or stage_ema)."""
-
-    label: str
-    path: Path
-    sha256: str | None
-    stage: str
-    step: int
-
-
-def exports_of_handoff(label: str, handoff: Path, runs_root: Path | str) -> list[EvalExport]:
-    """The export of a hand-off file (teacher.json / final.json) and its EMA export, if it has one,
-    resolved inside ``runs_root`` (gc25d_core.train.handoff)."""
-    from gc25d_core.train.handoff import read_handoff
-
-    h = read_handoff(handoff, runs_root)
-    out = [EvalExport(label, h.export, h.sha256, h.stage, h.step)]
-    if h.ema_export is not None:
-        out.append(EvalExport(f"{label}_ema", h.ema_export, h.ema_sha256, h.stage, h.step))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -351,13 +308,78 @@ def evaluate_export(
 ) -> dict[str, Any]:
     """Roll out every case with ``export`` (or a given ``sampler``) and score it. The first
     ``keep_rollouts`` cases of each sweep keep their frames under ``rollouts`` (for the report's
-    strips; not JSON)."""
+    strips; not JSON). ``gc25d_core.eval.run`` does the same over several ranks: ``roll_cases`` on
+    each rank's share, ``assemble`` on rank 0."""
+    from gc25d_core.train.model import pick_device
+
+    sampler = sampler if sampler is not None else build_sampler(export, cfg, ecfg, pick_device(cfg))
+    done = roll_cases(export.label, sampler, cfg, ecfg, cases, ref, log=log, keep_rollouts=keep_rollouts)
+    return assemble(export, sampler.describe(), ecfg, cases, done)
+
+
+# (sweep, index of the case in its sweep) -> (its scores, its rollout or None)
+CaseResults = dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any] | None]]
+
+
+def roll_cases(
+    label: str,
+    sampler: Any,
+    cfg: Gc25dConfig,
+    ecfg: EvalConfig,
+    cases: dict[str, list[Case]],
+    ref: Reference,
+    *,
+    log: Callable[[str], None] = lambda _: None,
+    keep_rollouts: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+) -> CaseResults:
+    """Roll out and score this rank's share of the cases: the n-th case of all sweeps in order on
+    rank n % world_size. A case's noise depends on (seed, sweep, case id) alone, so a case scores
+    the same on any rank."""
     from gc25d_core.train.data import seed_int
     from gc25d_core.train.model import pick_device
 
     device = pick_device(cfg)
-    sampler = sampler if sampler is not None else build_sampler(export, cfg, ecfg, device)
     decode = ref.decode if ecfg.decode else None
+    every = [(sweep, i) for sweep, sweep_cases in cases.items() for i in range(len(sweep_cases))]
+    out: CaseResults = {}
+    for sweep, i in every[rank::world_size]:
+        case = cases[sweep][i]
+        assert case.other_ids is not None and case.other_keys is not None
+        rolls = []
+        for ids, keys in ((case.ids, case.keys), (case.other_ids, case.other_keys)):
+            gen = torch.Generator(device).manual_seed(seed_int(ecfg.seed, sweep, case.case_id))
+            rolls.append(sampler(case.anchor[None], ids[None], keys, case.num_cells, gen)[0].cpu())
+        frames = None
+        if decode is not None:
+            frames = (
+                M.to_uint8_frames(decode(rolls[0][None])),
+                M.to_uint8_frames(decode(rolls[1][None])),
+            )
+        scored = score_case(case, rolls[0], rolls[1], ref, ecfg.psnr_cap_db, frames)
+        rollout = None
+        if i < keep_rollouts:
+            rollout = {
+                "case": case,
+                "latents": rolls[0],
+                "frames": None if frames is None else frames[0],
+                "gt_frames": None if frames is None else ref.frames(case, frames[0]),
+            }
+        out[sweep, i] = (scored, rollout)
+        log(f"{label} {sweep} {case.case_id}: latent mse {scored['regions']['all']['latent_mse']:.4g}")
+    return out
+
+
+def assemble(
+    export: EvalExport,
+    sampler: dict[str, Any],
+    ecfg: EvalConfig,
+    cases: dict[str, list[Case]],
+    done: CaseResults,
+) -> dict[str, Any]:
+    """One export's result from the scores of all its cases (``roll_cases`` of every rank), each
+    sweep aggregated over its cases in their order; ``sampler`` is the sampler's ``describe()``."""
     out: dict[str, Any] = {
         "export": {
             "label": export.label,
@@ -366,35 +388,18 @@ def evaluate_export(
             "stage": export.stage,
             "step": export.step,
         },
-        "sampler": sampler.describe(),
+        "sampler": sampler,
         "eval": ecfg.model_dump(),
         "sweeps": {},
         "rollouts": {},
     }
     for sweep, sweep_cases in cases.items():
-        scored = []
-        for i, case in enumerate(sweep_cases):
-            assert case.other_ids is not None and case.other_keys is not None
-            rolls = []
-            for ids, keys in ((case.ids, case.keys), (case.other_ids, case.other_keys)):
-                gen = torch.Generator(device).manual_seed(seed_int(ecfg.seed, sweep, case.case_id))
-                rolls.append(sampler(case.anchor[None], ids[None], keys, case.num_cells, gen)[0].cpu())
-            frames = None
-            if decode is not None:
-                frames = (
-                    M.to_uint8_frames(decode(rolls[0][None])),
-                    M.to_uint8_frames(decode(rolls[1][None])),
-                )
-            scored.append(score_case(case, rolls[0], rolls[1], ref, ecfg.psnr_cap_db, frames))
-            if i < keep_rollouts:
-                out["rollouts"][sweep] = {
-                    "case": case,
-                    "latents": rolls[0],
-                    "frames": None if frames is None else frames[0],
-                    "gt_frames": None if frames is None else ref.frames(case, frames[0]),
-                }
-            log(
-                f"{export.label} {sweep} {case.case_id}: latent mse {scored[-1]['regions']['all']['latent_mse']:.4g}"
-            )
+        missing = [sweep_cases[i].case_id for i in range(len(sweep_cases)) if (sweep, i) not in done]
+        if missing:
+            raise ValueError(f"{export.label} {sweep}: no result for cases {missing}")
+        scored = [done[sweep, i][0] for i in range(len(sweep_cases))]
+        for i in range(len(sweep_cases)):
+            if (rollout := done[sweep, i][1]) is not None:
+                out["rollouts"][sweep] = rollout
         out["sweeps"][sweep] = {**aggregate(scored), "cases": scored}
     return out

@@ -85,6 +85,14 @@ def strip_png(rollout: dict[str, Any], num: int = 6, max_width: int = 1400) -> b
     return png_bytes(sheet)
 
 
+def strips_of(result: dict[str, Any]) -> dict[str, bytes | None]:
+    """Per sweep, the strip PNG of a result: made already (``strips``, by an eval job that kept
+    it across ranks and retries) or from the rollouts it kept."""
+    if "strips" in result:
+        return dict(result["strips"])
+    return {sweep: strip_png(roll) for sweep, roll in result.get("rollouts", {}).items()}
+
+
 def _fmt(v: Any) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "—"
@@ -151,10 +159,9 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
         label = r["export"]["label"]
         folder = out_dir / label
         folder.mkdir(parents=True, exist_ok=True)
-        doc = {k: v for k, v in r.items() if k != "rollouts"}
+        doc = {k: v for k, v in r.items() if k not in ("rollouts", "strips")}
         files.json_files[label] = atomic_write_text(folder / "metrics.json", dumps(doc))
-        for sweep, roll in r.get("rollouts", {}).items():
-            png = strip_png(roll)
+        for sweep, png in strips_of(r).items():
             if png is not None:
                 name = f"{label}/{sweep}_strip.png"
                 atomic_write_bytes(out_dir / name, png)

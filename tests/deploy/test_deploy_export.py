@@ -67,20 +67,33 @@ def test_contract_names_what_is_off(tmp_path):
     assert any("window=9" in p for p in problems) and any("4 steps" in p for p in problems)
 
 
-def test_deploy_export_asset_and_its_check(tmp_path):
+def _materialize_deploy(tmp_path: Path, source: Path) -> dg.ExecuteInProcessResult:
+    """deploy_export of a stage-3 hand-off naming ``source`` (inside the runs root), through a
+    one-node torchrun launcher."""
     from gc25d_pipeline.defs.deploy.assets import deploy_export
     from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+    from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
-    s3 = _chain(tmp_path / "runs" / "exports")  # a hand-off names exports inside its runs root
     run = tmp_path / "runs" / "stage3_dmd" / "v000001"
     run.mkdir(parents=True)
-    write_handoff_file(run / "final.json", handoff_of("stage3_dmd", 5, s3, s3, runs_root=tmp_path / "runs"))
+    write_handoff_file(
+        run / "final.json", handoff_of("stage3_dmd", 5, source, source, runs_root=tmp_path / "runs")
+    )
     project = Gc25dProject(preset="tiny", store=ArtifactStore(runs_root=str(tmp_path / "runs")))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
-        result = dg.materialize(
-            [deploy_export], partition_key="v000001", instance=instance, resources={"project": project}
+        return dg.materialize(
+            [deploy_export],
+            partition_key="v000001",
+            instance=instance,
+            resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=2)},
+            raise_on_error=False,
         )
+
+
+def test_deploy_export_asset_and_its_check(tmp_path):
+    s3 = _chain(tmp_path / "runs" / "exports")  # a hand-off names exports inside its runs root
+    result = _materialize_deploy(tmp_path, s3)
     assert result.success
     checks = result.get_asset_check_evaluations()
     assert [(c.check_name, c.passed) for c in checks] == [("deploy_contract", True)]
@@ -92,6 +105,24 @@ def test_deploy_export_asset_and_its_check(tmp_path):
     )
     mat = result.asset_materializations_for_node("deploy_export")[0]
     assert mat.metadata["sha256"].value == handoff.sha256
+    assert mat.metadata["keys"].value == len(read_export(s3)[0])
+    assert [c["stage"] for c in mat.metadata["init_chain"].value] == ["stage2_cd", "stage1_tf"]
+    # the job ran under torchrun (one rank, whatever the launcher's nproc_per_node) and wrote the summary
+    assert json.loads((out / "deploy.json").read_text())["sha256"] == handoff.sha256
+    assert list((out / "torchrun_logs" / "attempt-00").iterdir())
+
+
+def test_a_bad_source_export_fails_the_step_once_naming_it(tmp_path):
+    """A bidirectional export cannot be deployed: the job's ExportError fails the step at once (no
+    retry: the same file fails the same way) and names the source."""
+    bidirectional = write_tiny_export(tmp_path / "runs" / "exports" / "sft.safetensors", causal=False)
+    result = _materialize_deploy(tmp_path, bidirectional)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    message = failure.step_failure_data.error.message
+    assert "ExportError" in message and "causal=false" in message and "stage3_dmd (ema)" in message
+    assert "not retried" in message
+    assert not (tmp_path / "runs" / "deploy_export" / "v000001" / "final.json").exists()
 
 
 def test_deploy_export_sits_between_stage3_and_eval():
@@ -106,8 +137,8 @@ def test_eval_leaves_out_a_deploy_copy_of_an_export_it_evaluates(tmp_path):
     """The deploy export is stage 3's EMA with more metadata (another file hash, the same weights):
     eval scores it only when its source is not among the evaluated exports."""
     from gc25d_core.deploy.export import deployed_from
-    from gc25d_core.eval.evaluate import EvalExport
-    from gc25d_pipeline.defs.eval.assets import _without_deployed_copies
+    from gc25d_core.eval.run import without_deployed_copies
+    from gc25d_core.eval.spec import EvalExport
 
     s3 = _chain(tmp_path)
     deployed = tmp_path / "deploy.safetensors"
@@ -115,10 +146,10 @@ def test_eval_leaves_out_a_deploy_copy_of_an_export_it_evaluates(tmp_path):
     assert deployed_from(deployed) == sha256_file(s3) and deployed_from(s3) is None
     ema = EvalExport("stage3_dmd_ema", s3, sha256_file(s3), "stage3_dmd", 10)
     dep = EvalExport("deploy", deployed, sha256_file(deployed), "deploy", 10)
-    kept, skipped = _without_deployed_copies([ema, dep], [])
+    kept, skipped = without_deployed_copies([ema, dep], [])
     assert [e.label for e in kept] == ["stage3_dmd_ema"]
     assert skipped == ["deploy: the same weights as stage3_dmd_ema (its deploy copy)"]
-    kept, skipped = _without_deployed_copies([dep], [])  # its source not evaluated: the copy is
+    kept, skipped = without_deployed_copies([dep], [])  # its source not evaluated: the copy is
     assert [e.label for e in kept] == ["deploy"] and skipped == []
 
 

@@ -145,8 +145,10 @@ def test_report_files_are_written_atomically(world, monkeypatch):
 
 
 def test_eval_asset_evaluates_what_exists(world):
+    """The asset launches the eval job (one rank) and describes what it wrote."""
     from gc25d_pipeline.defs.eval.assets import eval_asset
     from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
+    from gc25d_pipeline.lib.torchrun import TorchrunLauncher
 
     root, cfg, stage1, teacher = world
     runs = root  # the world's runs root: the hand-offs name exports inside it
@@ -167,7 +169,7 @@ def test_eval_asset_evaluates_what_exists(world):
             [eval_asset],
             partition_key="v000001",
             instance=instance,
-            resources={"project": project},
+            resources={"project": project, "torchrun": TorchrunLauncher()},
             run_config={
                 "ops": {
                     "eval": {
@@ -190,3 +192,4 @@ def test_eval_asset_evaluates_what_exists(world):
     assert [r.data["export"] for r in md["table"].records] == ["sft", "stage1_tf"]
     assert md["plot"].value.startswith("**clip28 latent mse per cell**")
     assert (runs / "eval" / "v000001" / "stage1_tf" / "metrics.json").is_file()
+    assert md["world_size"].value == 1  # reported by the job's rank 0 through Pipes

@@ -1,11 +1,13 @@
 """The deploy export per snapshot partition, between stage 3 and the evaluation.
 
-``deploy_export`` writes ``deploy.safetensors`` (gc25d_core.deploy.export: the stage-3 EMA export by
-default, or any causal export the launch names, with its causal metadata and the chain of init
-checkpoints) and a ``final.json`` hand-off in its run folder, which eval (and ``make play``) read.
-Its check ``deploy_contract`` loads the file through the runtime's own loader
-(gc25d_core.deploy.runtime.load_deploy_model) and checks the SPEC §8 contract: causal, 4 steps,
-sink 3 / window 17 / RoPE cap 20, bf16, 831 keys at full size, the vocabulary of the project.
+``deploy_export`` launches ``python -m gc25d_core.jobs.deploy_export`` (one rank, through the
+``torchrun`` resource), which writes ``deploy.safetensors`` (gc25d_core.deploy.export: the stage-3
+EMA export by default, or any causal export the launch names, with its causal metadata and the
+chain of init checkpoints) and a ``final.json`` hand-off in its run folder, which eval (and ``make
+play``) read. The job loads the file through the runtime's own loader
+(gc25d_core.deploy.runtime.load_deploy_model) and checks the SPEC §8 contract (causal, 4 steps,
+sink 3 / window 17 / RoPE cap 20, bf16, 831 keys at full size, the vocabulary of the project); its
+``deploy.json`` gives the check ``deploy_contract`` and the metadata. This step loads no model.
 """
 
 import json
@@ -14,12 +16,14 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field
 
+from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
-from gc25d_core.train.handoff import FINAL, handoff_of, read_handoff, write_handoff_file
+from gc25d_core.train.handoff import FINAL, read_handoff
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.train.assets import STAGE_ASSETS
+from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
-from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, run_folder_of
+from gc25d_pipeline.lib.stage_assets import RUN_FOLDER_KEY, STAGE_RETRY_POLICY, run_folder_of
 
 # the stages whose final.json the deploy file may take: the table's feeds_deploy
 SOURCES = {s.name: STAGE_ASSETS[s.name] for s in reversed(STAGES) if s.feeds_deploy}
@@ -39,20 +43,19 @@ class DeployExportConfig(dg.Config):
     group_name="deploy",
     partitions_def=cache_snapshots,
     deps=[STAGE_ASSETS["stage3_dmd"]],
-    kinds={"python"},
+    kinds={"torch"},
+    retry_policy=STAGE_RETRY_POLICY,
     metadata={RUN_FOLDER_KEY: "deploy_export"},
     check_specs=[dg.AssetCheckSpec("deploy_contract", asset="deploy_export")],
     description="The SPEC §6 deploy file of this snapshot's stage-3 EMA (or a picked causal export), "
     "with the causal metadata and the init chain; checked through the runtime's loader.",
 )
 def deploy_export(
-    context: dg.AssetExecutionContext, config: DeployExportConfig, project: Gc25dProject
+    context: dg.AssetExecutionContext,
+    config: DeployExportConfig,
+    project: Gc25dProject,
+    torchrun: JobLauncher,
 ) -> dg.MaterializeResult:
-    from gc25d_core.deploy.export import write_deploy_export
-    from gc25d_core.deploy.runtime import contract_problems, load_deploy_model
-    from gc25d_core.models.export import ExportError
-    from gc25d_core.schema import ConfigError
-
     cfg = project.config()
     if config.export_path:
         if not config.export_sha256:
@@ -72,26 +75,31 @@ def deploy_export(
             raise dg.Failure(f"deploy_export: {e}", allow_retries=False) from None
         source, label = str(path), f"{config.source} ({config.which})"
     run_dir = project.run_dir(cfg, "deploy_export", context)
-    out = run_dir / "deploy.safetensors"
-    try:
-        summary = write_deploy_export(source, out, expected_sha256=sha, runs_root=cfg.paths.runs_root)
-        model, meta = load_deploy_model(out, vocab=cfg.vocab, expected_sha256=summary["sha256"])
-    except (ExportError, ValueError) as e:
-        raise dg.Failure(f"deploy_export from {label}: {e}", allow_retries=False) from None
-    num_keys = len(model.state_dict())
-    problems = contract_problems(meta, num_keys)
-    del model
-    step = int(meta.extra.get("step", "0") or 0)
-    write_handoff_file(run_dir / FINAL, handoff_of("deploy", step, out, runs_root=cfg.paths.runs_root))
+    out, summary_file = run_dir / "deploy.safetensors", run_dir / "deploy.json"
+    args = [
+        "--source",
+        source,
+        "--sha256",
+        sha,
+        "--label",
+        label,
+        "--out",
+        str(out),
+        "--summary",
+        str(summary_file),
+    ]
+    one_rank = torchrun.model_copy(update={"nproc_per_node": 1, "nnodes": 1})  # one file to write
+    one_rank.launch(context, "gc25d_core.jobs.deploy_export", cfg, run_dir, args)
+    summary = json.loads(summary_file.read_text())
     check = dg.AssetCheckResult(
         check_name="deploy_contract",
-        passed=not problems,
+        passed=not summary["problems"],
         metadata={
-            "problems": problems,
-            "keys": num_keys,
-            "vocab": meta.vocab,
-            "causal": json.dumps(meta.causal.model_dump() if meta.causal else None),
-            "denoise_axis": json.dumps(list(meta.denoise_axis or ())),
+            "problems": summary["problems"],
+            "keys": summary["keys"],
+            "vocab": summary["vocab"],
+            "causal": json.dumps(summary["causal"]),
+            "denoise_axis": json.dumps(summary["denoise_axis"]),
         },
     )
     return dg.MaterializeResult(
@@ -101,7 +109,7 @@ def deploy_export(
             "source": label,
             "source_path": dg.MetadataValue.path(source),
             "init_chain": dg.MetadataValue.json(summary["init_chain"]),
-            "keys": num_keys,
+            "keys": summary["keys"],
         },
         data_version=dg.DataVersion(summary["sha256"][:16]),
         check_results=[check],

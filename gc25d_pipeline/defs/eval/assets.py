@@ -1,27 +1,46 @@
 """SPEC §10 evaluation per snapshot partition: every export of the chain that exists, on the clip28
 and chain241 sweeps (gc25d_core.eval), with the plots and the comparison table in the metadata.
 
+The asset finds the hand-offs, writes ``eval_input.json`` (gc25d_core.eval.spec) into its run folder
+and launches ``python -m gc25d_core.jobs.eval`` through the ``torchrun`` resource: the ranks share
+the cases, rank 0 writes the reports, and this step process loads no model. A retry keeps the
+exports already evaluated. The metadata is read back from the files the job wrote.
+
 ``EVAL_SOURCES``: (label, upstream asset, hand-off file) in chain order, derived from the stage table
 (a stage's ``evaluated``) with the deploy file last. A
 hand-off with an EMA export adds ``<label>_ema``; the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
 """
 
+import json
+from pathlib import Path
 from typing import NamedTuple
 
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.eval.evaluate import EvalConfig, EvalExport, exports_of_handoff
+from gc25d_core.eval.report import ReportFiles
+from gc25d_core.eval.spec import (
+    INPUT_FILE,
+    OUTPUT_FILE,
+    EvalConfig,
+    EvalExport,
+    EvalInput,
+    EvalOutput,
+    exports_of_handoff,
+    read_model,
+    write_model,
+)
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
 from gc25d_core.train.handoff import FINAL
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.deploy.assets import deploy_export
 from gc25d_pipeline.defs.train.assets import HANDOFF_WRITERS
+from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.previews import eval_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.snapshots import published_snapshot
-from gc25d_pipeline.lib.stage_assets import run_folder_of
+from gc25d_pipeline.lib.stage_assets import STAGE_RETRY_POLICY, run_folder_of
 
 
 class EvalSource(NamedTuple):
@@ -51,7 +70,8 @@ class EvalRunConfig(dg.Config):
 def available_exports(
     project: Gc25dProject, context: dg.AssetExecutionContext
 ) -> tuple[list[EvalExport], list[str]]:
-    """The exports of the sources whose hand-off file exists for this partition, and what is skipped."""
+    """The exports of the sources whose hand-off file exists for this partition, and what is skipped
+    (the job leaves out a deploy copy of an export it evaluates too: gc25d_core.eval.run)."""
     cfg = project.config()
     exports: list[EvalExport] = []
     skipped: list[str] = []
@@ -64,25 +84,7 @@ def available_exports(
             exports += exports_of_handoff(src.label, path, cfg.paths.runs_root)
         except ConfigError as e:
             raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
-    return _without_deployed_copies(exports, skipped)
-
-
-def _without_deployed_copies(
-    exports: list[EvalExport], skipped: list[str]
-) -> tuple[list[EvalExport], list[str]]:
-    """A deploy export holds the weights of the export it was copied from (stage 3's EMA by
-    default): when that one is evaluated too, its rollouts would be the same, so it is left out."""
-    from gc25d_core.deploy.export import deployed_from
-
-    by_sha = {e.sha256: e.label for e in exports if e.sha256 is not None}
-    kept: list[EvalExport] = []
-    for e in exports:
-        source = deployed_from(e.path, e.sha256)  # the file's hash is checked before its header is read
-        if source is not None and source in by_sha and by_sha[source] != e.label:
-            skipped.append(f"{e.label}: the same weights as {by_sha[source]} (its deploy copy)")
-            continue
-        kept.append(e)
-    return kept, skipped
+    return exports, skipped
 
 
 @dg.asset(
@@ -93,19 +95,15 @@ def _without_deployed_copies(
     kinds={"torch"},
     pool="gpu",
     tags={"gpu": "true"},
+    retry_policy=STAGE_RETRY_POLICY,  # a retry keeps the exports already evaluated (results/)
     description="SPEC §10 eval sweep (clip28, chain241) of every export of the chain that exists for this "
-    "snapshot. Its metadata starts with the comparison table and the drift plot, then what was measured "
-    "and the whole report (every plot inline); the run folder holds report.md, the plots and per-export JSON.",
+    "snapshot, a torchrun job whose ranks share the cases. Its metadata starts with the comparison table "
+    "and the drift plot, then what was measured and the whole report (every plot inline); the run folder "
+    "holds report.md, the plots and per-export JSON.",
 )
 def eval_asset(
-    context: dg.AssetExecutionContext, config: EvalRunConfig, project: Gc25dProject
+    context: dg.AssetExecutionContext, config: EvalRunConfig, project: Gc25dProject, torchrun: JobLauncher
 ) -> dg.MaterializeResult:
-    import torch
-
-    from gc25d_core.eval.evaluate import Reference, evaluate_export, load_cases, vae_decoder
-    from gc25d_core.eval.report import write_reports
-    from gc25d_core.train.model import pick_device
-
     cfg = project.config()
     version = published_snapshot(cfg, context.partition_key)
     exports, skipped = available_exports(project, context)
@@ -113,39 +111,27 @@ def eval_asset(
         context.log.info(f"not evaluated (not produced yet): {line}")
     if not exports:
         raise dg.Failure(f"no export to evaluate for {context.partition_key}: " + "; ".join(skipped))
-    ecfg = EvalConfig(
-        clip28_clips=config.clip28_clips,
-        chain241_chains=config.chain241_chains,
-        teacher_steps=config.teacher_steps,
-        decode=config.decode,
-        seed=config.seed,
-        teacher_window=cfg.timeline.num_cells,
-    )
-    cases, clips = load_cases(cfg, ecfg, version)
-    context.log.info(
-        f"snapshot v{version:06d}: "
-        + ", ".join(f"{sweep} {len(c)} cases" for sweep, c in cases.items())
-        + f"; exports {[e.label for e in exports]}"
-    )
-    decode = None
-    if ecfg.decode:
-        from gc25d_core.preprocess.latents import build_vae_for
-
-        device = pick_device(cfg)
-        decode = vae_decoder(build_vae_for(cfg, device), device)
-    ref = Reference(clips, decode)
-    results = []
-    for export in exports:
-        results.append(evaluate_export(export, cfg, ecfg, cases, ref, log=context.log.info))
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    ecfg = EvalConfig(**config.model_dump(), teacher_window=cfg.timeline.num_cells)
     run_dir = project.run_dir(cfg, "eval", context)
-    files = write_reports(run_dir, results, ecfg.psnr_cap_db)
-    context.log.info("eval table\n" + files.table)
-    measured = measured_markdown(version, ecfg, {sweep: len(c) for sweep, c in cases.items()}, exports)
-    return dg.MaterializeResult(
-        metadata=eval_metadata(files, results, measured, [e.label for e in exports], skipped)
+    spec = EvalInput(manifest_version=version, eval=ecfg, exports=exports, not_evaluated=skipped)
+    write_model(run_dir, INPUT_FILE, spec)
+    mat = torchrun.launch(context, "gc25d_core.jobs.eval", cfg, run_dir).get_materialize_result()
+    return dg.MaterializeResult(metadata={**metadata_of_run(run_dir, spec), **(mat.metadata or {})})
+
+
+def metadata_of_run(run_dir: Path, spec: EvalInput) -> dict[str, dg.MetadataValue]:
+    """The asset's metadata (lib.previews.eval_metadata) from the files the eval job wrote."""
+    done = read_model(run_dir, OUTPUT_FILE, EvalOutput)
+    results = [json.loads((run_dir / label / "metrics.json").read_text()) for label in done.exports]
+    files = ReportFiles(
+        folder=run_dir,
+        table=(run_dir / "table.md").read_text(),
+        json_files={label: run_dir / label / "metrics.json" for label in done.exports},
+        plots={name: (run_dir / name).read_bytes() for name in done.plots},
     )
+    evaluated = [e for e in spec.exports if e.label in done.exports]
+    measured = measured_markdown(spec.manifest_version, spec.eval, done.num_cases, evaluated)
+    return eval_metadata(files, results, measured, done.exports, done.not_evaluated)
 
 
 def measured_markdown(
