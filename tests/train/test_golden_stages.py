@@ -35,7 +35,7 @@ RUN: dict[str, Any] = {
     "engine": "torch",
     "max_steps": 4,
     "state_every": 4,
-    "save_every": 4,
+    "export_every": 4,
     "val": {"every": 2, "num_clips": 2},
 }
 EXTRA: dict[str, dict[str, Any]] = {
