@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     from gc25d_core.eval.samplers import CausalSampler, euler_points
     from gc25d_core.flow import WAN_SCHEDULE
-    from gc25d_core.train.handoff import FINAL
+    from gc25d_core.handoff import FINAL
     from gc25d_core.train.model import pick_device
 
     cfg = load_config(args.preset)

@@ -51,10 +51,10 @@ def dit_config_of(cfg: Gc25dConfig, model: ModelConfig):
 
 def init_export(m: ModelConfig, runs_root: Path | str) -> tuple[Path, str | None]:
     """The export an ``export`` / ``handoff`` init reads, and the SHA256 it must have (a hand-off's
-    exports are resolved inside ``runs_root``: gc25d_core.train.handoff)."""
+    exports are resolved inside ``runs_root``: gc25d_core.handoff)."""
     if m.init == "handoff":
+        from gc25d_core.handoff import read_handoff
         from gc25d_core.schema import ConfigError
-        from gc25d_core.train.handoff import read_handoff
 
         if m.handoff is None:
             raise ConfigError(
@@ -69,7 +69,7 @@ def init_export(m: ModelConfig, runs_root: Path | str) -> tuple[Path, str | None
 def init_source(m: ModelConfig, section: str) -> str:
     """Where an export init comes from, for errors: the hand-off file and its field, or the config field."""
     if m.init == "handoff":
-        from gc25d_core.train.handoff import field_of
+        from gc25d_core.handoff import field_of
 
         return f"hand-off {m.handoff} (field {field_of(m.handoff_export)!r}, from {section}.handoff)"
     return f"{section}.export_path"

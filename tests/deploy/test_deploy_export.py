@@ -10,9 +10,9 @@ import dagster as dg
 
 from gc25d_core.deploy.export import write_deploy_export
 from gc25d_core.deploy.runtime import FULL_SIZE_KEYS, contract_problems, load_deploy_model
+from gc25d_core.handoff import handoff_of, read_handoff, write_handoff_file
 from gc25d_core.hashing import sha256_file
 from gc25d_core.models.export import read_export
-from gc25d_core.train.handoff import handoff_of, read_handoff, write_handoff_file
 from tests.deploy.conftest import write_tiny_export
 
 

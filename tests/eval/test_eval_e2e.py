@@ -19,7 +19,7 @@ from gc25d_core.eval.evaluate import (
     vae_decoder,
 )
 from gc25d_core.eval.report import write_reports
-from gc25d_core.train.handoff import FINAL, TEACHER, read_handoff
+from gc25d_core.handoff import FINAL, TEACHER, read_handoff
 from tests.eval.world import eval_world
 from tests.train.world import random_teacher
 

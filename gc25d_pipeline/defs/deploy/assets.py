@@ -14,7 +14,7 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.train.handoff import FINAL, handoff_of, read_handoff, write_handoff_file
+from gc25d_core.handoff import FINAL, handoff_of, read_handoff, write_handoff_file
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.train.assets import stage1_tf, stage2_cd, stage3_dmd
 from gc25d_pipeline.lib.project import Gc25dProject

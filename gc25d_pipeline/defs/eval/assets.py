@@ -11,8 +11,8 @@ import dagster as dg
 from pydantic import Field
 
 from gc25d_core.eval.evaluate import EvalConfig, EvalExport, exports_of_handoff
+from gc25d_core.handoff import FINAL, TEACHER
 from gc25d_core.schema import ConfigError
-from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.deploy.assets import deploy_export
 from gc25d_pipeline.defs.train.assets import sft_teacher, stage1_tf, stage2_cd, stage3_dmd
