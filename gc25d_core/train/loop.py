@@ -34,7 +34,7 @@ import torch
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.checkpoint import step_name
 from gc25d_core.config import Gc25dConfig, to_yaml
-from gc25d_core.distributed import barrier, global_rank, world_size
+from gc25d_core.distributed import barrier, global_rank, pick_device, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.handoff import FINAL, TEACHER
@@ -42,7 +42,7 @@ from gc25d_core.report import Reporter
 from gc25d_core.train.config import StageConfig
 from gc25d_core.train.engine import Engine
 from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
-from gc25d_core.train.model import pick_device, resolve_precision, set_determinism
+from gc25d_core.train.model import resolve_precision, set_determinism
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 LOG_FILES = ("metrics.jsonl", "val.jsonl")

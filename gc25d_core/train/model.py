@@ -17,14 +17,6 @@ if TYPE_CHECKING:
     from gc25d_core.models.export import ExportMeta
 
 
-def pick_device(cfg: Gc25dConfig) -> torch.device:
-    if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("config device=cuda but CUDA is not available (use the tiny preset on CPU)")
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def resolve_precision(stage: StageConfig, device: torch.device) -> Literal["bf16", "fp32"]:
     if stage.precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
@@ -81,7 +73,7 @@ def check_init_export(
     """What the reading stage needs of its init export, before anything is trained: causal or
     bidirectional (``causal``; None: either), the project's vocabulary, the latent channels in and
     out, the text table's width. Raises a ConfigError naming the hand-off file and field."""
-    from gc25d_core.layout import LATENT_CHANNELS
+    from gc25d_core.config import LATENT_CHANNELS
     from gc25d_core.schema import ConfigError
 
     d = meta.dit_config

@@ -102,9 +102,9 @@ def eval_asset(
 ) -> dg.MaterializeResult:
     import torch
 
+    from gc25d_core.distributed import pick_device
     from gc25d_core.eval.evaluate import Reference, evaluate_export, load_cases, vae_decoder
     from gc25d_core.eval.report import write_reports
-    from gc25d_core.train.model import pick_device
 
     cfg = project.config()
     version = published_snapshot(cfg, context.partition_key)
@@ -129,10 +129,10 @@ def eval_asset(
     )
     decode = None
     if ecfg.decode:
-        from gc25d_core.preprocess.latents import build_vae_for
+        from gc25d_core.models.vae import build_vae_for
 
         device = pick_device(cfg)
-        decode = vae_decoder(build_vae_for(cfg, device), device)
+        decode = vae_decoder(build_vae_for(cfg, device))
     ref = Reference(clips, decode)
     results = []
     for export in exports:
