@@ -33,10 +33,11 @@ def test_an_import_across_the_layers_breaks_the_contract(tmp_path):
     for pkg in ("gc25d_core", "gc25d_pipeline"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    lazy_import = "\n\ndef _later():\n    from {} import {}\n\n    return {}\n"
     with open(tmp_path / "gc25d_core" / "deploy" / "cli.py", "a") as f:
-        f.write("\n\ndef _text():\n    from gc25d_core.train.data import TrainingStream\n\n    return TrainingStream\n")
+        f.write(lazy_import.format("gc25d_core.train.data", "TrainingStream", "TrainingStream"))
     with open(tmp_path / "gc25d_core" / "models" / "vae.py", "a") as f:
-        f.write("\n\ndef _frames():\n    from gc25d_core.preprocess.latents import load_clip_frames\n\n    return load_clip_frames\n")
+        f.write(lazy_import.format("gc25d_core.preprocess.latents", "load_clip_frames", "load_clip_frames"))
     proc = lint_imports(tmp_path)
     assert proc.returncode != 0, proc.stdout
     assert "gc25d_core.deploy.cli -> gc25d_core.train.data" in proc.stdout
