@@ -84,6 +84,7 @@ lint:
 	$(VENV)/bin/ruff check gc25d_core gc25d_pipeline tests bench
 	$(VENV)/bin/ruff format --check gc25d_core gc25d_pipeline tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # the tiny preset's data and runs and the instance's state (runs, event logs, ticks), not its dagster.yaml
 clean:

@@ -37,6 +37,11 @@ CONFIGS_DIR = REPO_ROOT / "configs"
 DEFAULT_TEXT_DIR = CONFIGS_DIR / "text"
 """The project's prompt template, motion phrases and NULL prompt (``text.data_dir`` unset)."""
 
+# SPEC §5: the channel count of a stored latent (the Wan2.2 VAE's z_dim, gc25d_core.models.vae.Z_DIM).
+# Here, beside the latent's spatial size (GeometryConfig.latent_hw), because the file layout and the
+# cache manifest check latents below models/ and without torch; models.vae builds its VAEs to it.
+LATENT_CHANNELS = 48
+
 
 class GeometryConfig(Strict):
     """SPEC §1: crop x∈[crop_x0, crop_x1) of src → dst (v10: 1280×704 → [30,1250) → 832×480)."""

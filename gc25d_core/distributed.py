@@ -1,4 +1,4 @@
-"""Process-group helpers for torchrun jobs: ranks from the environment, init/teardown, sharding."""
+"""Process-group helpers for torchrun jobs: ranks from the environment, the device, init/teardown, sharding."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import contextlib
 import datetime
 import os
 from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from gc25d_core.config import Gc25dConfig
 
 T = TypeVar("T")
 
@@ -27,6 +32,17 @@ def is_distributed_launch() -> bool:
     """Started by torchrun (or another launcher that sets the rendezvous environment), any world size:
     DeepSpeed and FSDP need a process group even on one rank."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def pick_device(cfg: Gc25dConfig) -> torch.device:
+    """The device of this rank: its current CUDA device when the config says cuda, else the CPU."""
+    import torch
+
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("config device=cuda but CUDA is not available (use the tiny preset on CPU)")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def pick_backend(requested: str = "auto") -> str:

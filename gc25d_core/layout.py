@@ -25,11 +25,10 @@ import numpy as np
 import torch
 
 from gc25d_core.atomic import atomic_path
-from gc25d_core.config import Gc25dConfig, GeometryConfig, TimelineConfig
+from gc25d_core.config import LATENT_CHANNELS, Gc25dConfig, GeometryConfig, TimelineConfig
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.vocab import invalid_values
 
-LATENT_CHANNELS = 48
 NUM_CAPSULES = 12
 CAPSULE_FLOATS = 7
 # scene and run share a clip file name with "__" separators, the start and a suffix: 100 each keeps

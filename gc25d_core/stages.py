@@ -22,7 +22,7 @@ from gc25d_core.schema import ConfigError
 from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config, StageConfig
 
 Export = Literal["export", "ema"]
-# the hand-off files (gc25d_core.train.handoff's FINAL and TEACHER, which tests/test_stage_table.py
+# the hand-off files (gc25d_core.handoff's FINAL and TEACHER, which tests/test_stage_table.py
 # checks; not imported from there: handoff imports the run config, which is built from this table)
 HandoffFile = Literal["final.json", "teacher.json"]
 FINAL: HandoffFile = "final.json"

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gc25d_core.config import TextConfig
+from gc25d_core.config import Gc25dConfig, TextConfig
 from gc25d_core.hashing import sha256_file
 from gc25d_core.timeline import cell_blocks
 
@@ -237,3 +237,40 @@ def materialize_table(cfg) -> dict[str, object]:
 def load_table(path: Path, cfg: TextConfig) -> dict[str, torch.Tensor]:
     """Read and validate a text table (weights_only)."""
     return validate_table(torch.load(path, map_location="cpu", weights_only=True), cfg, where=str(path))
+
+
+def load_text_table(cfg: Gc25dConfig, table_path: Path | str | None = None) -> dict[str, torch.Tensor]:
+    """The run's text table: ``table_path`` (a training section's ``data.text_table``), else the
+    materialised ``<data_root>/text_table_gc25d.pt``, else (synthetic-table presets only) the same
+    deterministic synthetic table ``materialize_table`` would have written."""
+    from gc25d_core.layout import Layout
+
+    path = table_path or Layout(Path(cfg.paths.data_root)).text_table
+    if Path(path).is_file():
+        return load_table(Path(path), cfg.text)
+    if cfg.text.table_path is None:
+        return synthetic_table(cfg.text)
+    raise FileNotFoundError(f"text table {path} does not exist (run the text_table stage first)")
+
+
+def prompt_keys(cfg: Gc25dConfig) -> dict[str, str]:
+    """The prompt -> key map of ``cfg``'s text data (what a stored prompt is conditioned as)."""
+    return prompt_to_key(text_data(cfg.text))
+
+
+class TextBank:
+    """The text table on the device; per-micro-batch banks of the distinct keys + a cell index."""
+
+    def __init__(self, table: dict[str, torch.Tensor], device: torch.device):
+        self.keys = sorted(table)
+        self.ids = key_to_id(table)
+        self.table = torch.stack([table[k] for k in self.keys]).to(device)  # bf16 [K, L, D]
+
+    def context(self, keys: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, P, L, D] bank of the batch's distinct keys and [B, cells] index into it."""
+        uniq = sorted({k for ks in keys for k in ks})
+        pos = {k: i for i, k in enumerate(uniq)}
+        bank = torch.stack([self.table[self.ids[k]] for k in uniq])  # views + one copy: no H2D sync
+        # on the host: the model checks it without a sync
+        index = torch.tensor([[pos[k] for k in ks] for ks in keys])
+        return bank.unsqueeze(0).expand(len(keys), -1, -1, -1), index

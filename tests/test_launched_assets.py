@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gc25d_core.train.handoff import FINAL, TEACHER
+from gc25d_core.handoff import FINAL, TEACHER
 from gc25d_core.train.synthetic import random_teacher
 from tests.eval.world import eval_world
 

@@ -20,9 +20,9 @@ from gc25d_core.config import (
     to_yaml,
     write_resolved,
 )
+from gc25d_core.handoff import FINAL
 from gc25d_core.report import StdoutReporter
 from gc25d_core.text import text_data
-from gc25d_core.train.handoff import FINAL
 
 STAGE1 = {
     "engine": "torch",

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from gc25d_core.config import config_from_yaml
+from gc25d_core.handoff import TEACHER, read_handoff
 from gc25d_core.hashing import sha256_file
 from gc25d_core.models.export import export_state_dict, read_export
-from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.model import build_model
 from gc25d_core.train.sft import sft_config, with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot

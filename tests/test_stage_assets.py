@@ -11,8 +11,8 @@ import dagster as dg
 import pytest
 
 from gc25d_core.config import load_config, write_resolved
+from gc25d_core.handoff import TEACHER, read_handoff
 from gc25d_core.hashing import sha256_file
-from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.sft import with_sft
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots

@@ -23,7 +23,7 @@ from gc25d_core.compat import import_diffsynth  # noqa: E402
 import_diffsynth()
 from diffsynth.models.wan_video_vae import WanVideoVAE38  # noqa: E402
 
-from gc25d_core.preprocess.latents import to_channels_last_3d  # noqa: E402
+from gc25d_core.models.vae import to_channels_last_3d  # noqa: E402
 
 dev = torch.device("cuda")
 torch.manual_seed(0)

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from gc25d_core.config import load_config
+    from gc25d_core.distributed import pick_device
     from gc25d_core.eval.evaluate import (
         EvalConfig,
         Reference,
@@ -46,8 +47,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     from gc25d_core.eval.samplers import CausalSampler, euler_points
     from gc25d_core.flow import WAN_SCHEDULE
-    from gc25d_core.train.handoff import FINAL
-    from gc25d_core.train.model import pick_device
+    from gc25d_core.handoff import FINAL
 
     cfg = load_config(args.preset)
     runs = Path(cfg.paths.runs_root)

@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     from gc25d_core.config import load_config
     from gc25d_core.index import read_index
     from gc25d_core.layout import Layout, Shapes, read_cond
-    from gc25d_core.models.vae import encode_frames
-    from gc25d_core.preprocess.latents import build_vae_for, load_clip_frames
+    from gc25d_core.models.vae import build_vae_for, encode_frames
+    from gc25d_core.preprocess.latents import load_clip_frames
     from gc25d_core.preprocess.tasks import RunCache
     from gc25d_core.vocab import valid_raw_ids
 

@@ -30,7 +30,7 @@ import_diffsynth()
 from gc25d_core.config import load_config  # noqa: E402
 from gc25d_core.index import build_and_write, read_index  # noqa: E402
 from gc25d_core.layout import Layout, Shapes, read_latents  # noqa: E402
-from gc25d_core.models.vae import build_vae  # noqa: E402
+from gc25d_core.models.vae import build_vae, speed_up_vae  # noqa: E402
 from gc25d_core.preprocess import latents as L  # noqa: E402
 from gc25d_core.preprocess.tasks import RunCache  # noqa: E402
 
@@ -171,7 +171,7 @@ def main() -> None:
     plain_e2e = (time.perf_counter() - t0) / len(plain_work)
     out(probe="plain_end_to_end", s_per_clip=plain_e2e, clips=len(plain_work), gpu_util=util.mean)
 
-    L.speed_up_vae(vae, cfg, device)  # what build_vae_for does (channels-last-3d on GPU, lean ops)
+    speed_up_vae(vae, cfg, device)  # what build_vae_for does (channels-last-3d on GPU, lean ops)
     L.build_vae_for = lambda _cfg, _device: vae  # same random weights as the plain path
     for b in [int(x) for x in args.batches.split(",")]:
         c = cfg.model_copy(update={"vae": cfg.vae.model_copy(update={"clips_per_batch": b})})

@@ -53,7 +53,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from gc25d_core.cache.errors import ManifestError, SampleSchemaError
-from gc25d_core.config import Strict
+from gc25d_core.config import LATENT_CHANNELS, Strict
 from gc25d_core.names import check_name
 
 MANIFEST_FORMAT = "gc25d_cache_manifest_v1"
@@ -181,7 +181,7 @@ CSGO_SCHEMA = SampleSchema(
 GC25D_SCHEMA = SampleSchema(
     name=SCHEMA_GC25D,
     tensors=(
-        TensorSpec(name="latent", dtype="bfloat16", shape=(48, 21, "H", "W")),
+        TensorSpec(name="latent", dtype="bfloat16", shape=(LATENT_CHANNELS, 21, "H", "W")),
         TensorSpec(name="actions_block", dtype="uint8", shape=(21, 5)),
         TensorSpec(name="cond_ids", dtype="uint8", shape=(81, "h", "w"), optional=True),
         TensorSpec(name="cond_ext_ids", dtype="uint8", shape=(28, "h", "w"), optional=True),

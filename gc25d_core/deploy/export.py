@@ -20,19 +20,6 @@ from gc25d_core.models.export import ExportError, read_export, read_header, save
 MAX_CHAIN = 16
 
 
-def deployed_from(path: Path | str, expected_sha256: str | None = None) -> str | None:
-    """The SHA256 of the export a deploy export was copied from (its ``deploy_source``), from the
-    header only (after the file's own hash, when given); None for any other export."""
-    raw = (read_header(path, expected_sha256).metadata or {}).get("deploy_source")
-    if raw is None:
-        return None
-    try:
-        sha = json.loads(raw).get("sha256")
-    except (ValueError, AttributeError):
-        raise ExportError(f"{path}: deploy_source metadata is not a JSON object: {raw!r}") from None
-    return sha if isinstance(sha, str) else None
-
-
 def init_chain(first: dict[str, str], runs_root: Path | str | None = None) -> list[dict[str, Any]]:
     """[{path, sha256, stage, step, found}, ...] from an export's metadata ``first`` backwards.
 

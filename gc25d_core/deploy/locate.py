@@ -1,6 +1,6 @@
 """Which export ``make play`` serves: the newest causal export a run of the embedded default left.
 
-Stages hand their exports on in ``final.json`` files (gc25d_core.train.handoff) in their run
+Stages hand their exports on in ``final.json`` files (gc25d_core.handoff) in their run
 folders ``<runs_root>/<asset>/<partition>/``. Preference: the deploy export, then stage 3's EMA,
 stage 2's EMA, stage 1's export (the newest partition of the first stage that has one); the hand-off's
 SHA256 is then checked at load.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gc25d_core.train.handoff import FINAL, read_handoff
+from gc25d_core.handoff import FINAL, read_handoff
 
 SOURCES = (("deploy_export", "export"), ("stage3_dmd", "ema"), ("stage2_cd", "ema"), ("stage1_tf", "export"))
 

@@ -361,8 +361,9 @@ class DeployRuntime:
     @torch.no_grad()
     def start(self, anchor: torch.Tensor, ids0: np.ndarray, key0: str) -> list[np.ndarray]:
         """Prefill the clean anchor latent ``[1, 48, 1, h, w]`` at t=0 (cell 0); returns its frame."""
-        if anchor.ndim != 5 or anchor.shape[:3] != (1, 48, 1):
-            raise ValueError(f"anchor latent must be [1, 48, 1, h, w], got {list(anchor.shape)}")
+        z_dim = self.vae.z_dim
+        if anchor.ndim != 5 or anchor.shape[:3] != (1, z_dim, 1):
+            raise ValueError(f"anchor latent must be [1, {z_dim}, 1, h, w], got {list(anchor.shape)}")
         self.decoder.reset()  # a decode graph captured by warm_up is kept: replayed from cell 3
         self._pending_decode = None
         self.generator.manual_seed(self.options.seed)

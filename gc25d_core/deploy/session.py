@@ -109,13 +109,12 @@ def open_session(
     expected_sha256: str | None = None,
 ) -> LiveSession:
     """The session of a preset: its text table, its VAE (weights verified), the export."""
-    from gc25d_core.preprocess.latents import build_vae_for
-    from gc25d_core.train.config import DataConfig
-    from gc25d_core.train.data import load_text_table
+    from gc25d_core.models.vae import build_vae_for
+    from gc25d_core.text import load_text_table
 
     dev = torch.device(device or ("cuda" if cfg.device == "cuda" and torch.cuda.is_available() else "cpu"))
     vae = build_vae_for(cfg, dev)
-    table = load_text_table(cfg, DataConfig())
+    table = load_text_table(cfg)
     runtime = DeployRuntime.load(
         export, table, vae, vocab=cfg.vocab, device=dev, expected_sha256=expected_sha256, options=options
     )

@@ -70,8 +70,7 @@ def load_cases(
 ) -> tuple[dict[str, list[Case]], dict[str, EvalClip]]:
     """The sweeps' cases and the clips they read. Two passes over the val split: the first reads
     only each sample's JSON to select, the second keeps the tensors of the selected clips."""
-    from gc25d_core.text import NULL_KEY
-    from gc25d_core.train.data import prompt_keys
+    from gc25d_core.text import NULL_KEY, prompt_keys
     from gc25d_core.vocab import check_ids
 
     ds = _val_dataset(cfg, manifest_version)
@@ -137,14 +136,13 @@ def load_cases(
 # decoding
 
 
-def vae_decoder(vae: Any, device: torch.device | str) -> Decode:
-    """``decode`` through a DiffSynth ``WanVideoVAE38`` (or the tiny one): the batched form of its
-    non-tiled ``single_decode`` (fp32, clamped to [−1, 1]), without its per-clip host round trip."""
+def vae_decoder(vae: Any) -> Decode:
+    """``decode`` through the VAE interface's whole-clip decode (gc25d_core.models.vae.decode_video:
+    fp32, non-tiled, batched, on the VAE's device), clamped to [−1, 1]."""
+    from gc25d_core.models.vae import decode_video
 
-    @torch.no_grad()
     def decode(latents: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=torch.device(device).type, enabled=False):
-            return vae.model.decode(latents.to(device=device, dtype=torch.float32), vae.scale).clamp_(-1, 1)
+        return decode_video(vae, latents).clamp_(-1, 1)
 
     return decode
 
@@ -272,15 +270,14 @@ def build_sampler(export: EvalExport, cfg: Gc25dConfig, ecfg: EvalConfig, device
     from gc25d_core.eval.samplers import CausalSampler, TeacherSampler
     from gc25d_core.flow import WAN_SCHEDULE
     from gc25d_core.models.loading import load_gc_weights
-    from gc25d_core.train.config import DataConfig
-    from gc25d_core.train.data import TextBank, load_text_table
+    from gc25d_core.text import TextBank, load_text_table
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, meta = load_gc_weights(export.path, device=device, dtype=dtype, expected_sha256=export.sha256)
     model.eval().requires_grad_(False)
     if meta.vocab != cfg.vocab:
         raise ValueError(f"export {export.path}: vocab {meta.vocab!r}, the snapshot's ids are {cfg.vocab!r}")
-    text = TextBank(load_text_table(cfg, DataConfig()), device)
+    text = TextBank(load_text_table(cfg), device)
     if meta.causal is not None:
         assert meta.denoise_axis is not None  # parse_metadata requires it for a causal export
         return CausalSampler(model, text, meta.causal, meta.denoise_axis)
@@ -310,7 +307,7 @@ def evaluate_export(
     ``keep_rollouts`` cases of each sweep keep their frames under ``rollouts`` (for the report's
     strips; not JSON). ``gc25d_core.eval.run`` does the same over several ranks: ``roll_cases`` on
     each rank's share, ``assemble`` on rank 0."""
-    from gc25d_core.train.model import pick_device
+    from gc25d_core.distributed import pick_device
 
     sampler = sampler if sampler is not None else build_sampler(export, cfg, ecfg, pick_device(cfg))
     done = roll_cases(export.label, sampler, cfg, ecfg, cases, ref, log=log, keep_rollouts=keep_rollouts)
@@ -337,8 +334,8 @@ def roll_cases(
     """Roll out and score this rank's share of the cases: the n-th case of all sweeps in order on
     rank n % world_size. A case's noise depends on (seed, sweep, case id) alone, so a case scores
     the same on any rank."""
-    from gc25d_core.train.data import seed_int
-    from gc25d_core.train.model import pick_device
+    from gc25d_core.distributed import pick_device
+    from gc25d_core.hashing import seed_int
 
     device = pick_device(cfg)
     decode = ref.decode if ecfg.decode else None

@@ -56,7 +56,7 @@ def without_deployed_copies(
 ) -> tuple[list[EvalExport], list[str]]:
     """A deploy export holds the weights of the export it was copied from (stage 3's EMA by
     default): when that one is evaluated too, its rollouts would be the same, so it is left out."""
-    from gc25d_core.deploy.export import deployed_from
+    from gc25d_core.models.export import deployed_from
 
     by_sha = {e.sha256: e.label for e in exports if e.sha256 is not None}
     kept: list[EvalExport] = []
@@ -150,7 +150,7 @@ def evaluate_shared(
 
 def run_eval(cfg: Gc25dConfig, run_dir: Path, rep: Reporter) -> EvalOutput | None:
     """Evaluate ``run_dir/eval_input.json``; on rank 0 the reports and ``eval_output.json`` (returned)."""
-    from gc25d_core.train.model import pick_device
+    from gc25d_core.distributed import pick_device
 
     run_dir = Path(run_dir)
     spec = read_model(run_dir, INPUT_FILE, EvalInput)
@@ -166,9 +166,9 @@ def run_eval(cfg: Gc25dConfig, run_dir: Path, rep: Reporter) -> EvalOutput | Non
     device = pick_device(cfg)
     decode = None
     if ecfg.decode:
-        from gc25d_core.preprocess.latents import build_vae_for
+        from gc25d_core.models.vae import build_vae_for
 
-        decode = vae_decoder(build_vae_for(cfg, device), device)
+        decode = vae_decoder(build_vae_for(cfg, device))
     ref = Reference(clips, decode)
     results: list[dict[str, Any]] = []
     for export in exports:

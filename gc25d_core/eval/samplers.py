@@ -24,7 +24,7 @@ import torch
 
 from gc25d_core.flow import FlowSchedule
 from gc25d_core.models.configs import CausalConfig
-from gc25d_core.train.data import TextBank
+from gc25d_core.text import TextBank
 
 
 class Sampler(Protocol):

@@ -54,8 +54,8 @@ class EvalExport:
 
 def exports_of_handoff(label: str, handoff: Path, runs_root: Path | str) -> list[EvalExport]:
     """The export of a hand-off file (teacher.json / final.json) and its EMA export, if it has one,
-    resolved inside ``runs_root`` (gc25d_core.train.handoff)."""
-    from gc25d_core.train.handoff import read_handoff
+    resolved inside ``runs_root`` (gc25d_core.handoff)."""
+    from gc25d_core.handoff import read_handoff
 
     h = read_handoff(handoff, runs_root)
     out = [EvalExport(label, h.export, h.sha256, h.stage, h.step)]

@@ -21,8 +21,8 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
 
     from gc25d_core.atomic import atomic_write_text
     from gc25d_core.deploy.export import export_and_check
+    from gc25d_core.handoff import FINAL, handoff_of, write_handoff_file
     from gc25d_core.models.export import ExportError
-    from gc25d_core.train.handoff import FINAL, handoff_of, write_handoff_file
 
     if rep.rank != 0:  # one file: rank 0 writes it
         return

@@ -1,4 +1,4 @@
-"""Fit the tiny VAE to the train split's frames (the ``tiny_vae`` asset; gc25d_core.models.vae_fit).
+"""Fit the tiny VAE to the train split's frames (the ``tiny_vae`` asset; gc25d_core.preprocess.tiny_vae).
 
 torchrun --nproc_per_node=1 -m gc25d_core.jobs.tiny_vae --config run.yaml --run-dir DIR
 
@@ -17,7 +17,7 @@ from gc25d_core.report import Reporter
 
 
 def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-    from gc25d_core.models.vae_fit import run_fit
+    from gc25d_core.preprocess.tiny_vae import run_fit
 
     if global_rank() != 0:  # launched on more ranks by hand: the others have nothing to do
         return

@@ -6,7 +6,9 @@
     causal     the one block-causal mask / eviction / RoPE-position rule, KV cache, rollout
     loading    Wan2.2-TI2V-5B shards (sha256 + registry key hash), load_gc_weights
     export     the 831-tensor bf16 export and its validating reader
-    vae        WanVideoVAE38 wrapper (+ a tiny random variant of the same class for tests)
+    vae        the VAE interface: build_vae_for (the config's VAE, weights checked), encode, decode,
+               streaming decode, z_dim; over DiffSynth's WanVideoVAE38 (+ a tiny variant for tests)
+    vae_fit    the tiny VAE's fit, its file and how the builder finds it
 
 Submodules are imported explicitly: ``gcdit``, ``causal`` (rollout), ``loading`` and ``vae`` import
 DiffSynth (through ``gc25d_core.compat``), which takes several seconds; ``configs`` does not.

@@ -402,3 +402,16 @@ def read_export(
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise ExportError(f"export {path}: tensors cannot be read ({e})") from None
     return sd, parsed
+
+
+def deployed_from(path: Path | str, expected_sha256: str | None = None) -> str | None:
+    """The SHA256 of the export a deploy export was copied from (its ``deploy_source``), from the
+    header only (after the file's own hash, when given); None for any other export."""
+    raw = (read_header(path, expected_sha256).metadata or {}).get("deploy_source")
+    if raw is None:
+        return None
+    try:
+        sha = json.loads(raw).get("sha256")
+    except (ValueError, AttributeError):
+        raise ExportError(f"{path}: deploy_source metadata is not a JSON object: {raw!r}") from None
+    return sha if isinstance(sha, str) else None

@@ -1,5 +1,15 @@
 """The Wan2.2 VAE (DiffSynth ``WanVideoVAE38``): build, verified load, fp32 encode (SPEC §5).
 
+The VAE interface, the one way every other room (preprocessing, previews, eval, deploy) uses a VAE;
+nothing outside ``models/`` reaches into DiffSynth's VAE:
+
+    vae = build_vae_for(cfg, device)      # the VAE the config names, its weights checked
+    vae.z_dim                             # latent channels (48: gc25d_core.config.LATENT_CHANNELS)
+    encode_video / encode_frames          # [B, 3, T, H, W] in [-1, 1] / uint8 frames -> latents
+    encode_on_device                      # the latents job's batched encode, where the batch is
+    decode_video / decode_frames          # whole clips: latents -> [B, 3, T, H, W] / uint8 frames
+    StreamingDecoder(vae).push(z_cell)    # cell by cell, the decoder's causal cache carried
+
 Latents are made with fp32 weights (PyTorch's default TF32 convolutions on GPU), non-tiled, from
 RGB uint8 mapped to [-1, 1]; they are stored bf16 by the caller. Decoding goes the other way, for
 whole clips (``decode_video``) or one latent cell at a time (``StreamingDecoder``: the live runtime
@@ -12,12 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from gc25d_core.compat import import_diffsynth
+from gc25d_core.config import LATENT_CHANNELS
+
+if TYPE_CHECKING:
+    from gc25d_core.config import Gc25dConfig
 
 import_diffsynth()
 from diffsynth.models.wan_video_vae import (  # noqa: E402
@@ -30,7 +44,7 @@ from diffsynth.models.wan_video_vae import (  # noqa: E402
 )
 
 VAE38_KEY_HASH = "e1de6c02cdac79f8b739f4d3698cd216"
-Z_DIM = 48
+Z_DIM = LATENT_CHANNELS  # Wan2.2 VAE38's latent width (the stored latents' width, gc25d_core.config)
 SPATIAL_STRIDE = 16
 TEMPORAL_STRIDE = 4
 
@@ -185,6 +199,42 @@ def load_vae(
     return vae.to(device).eval().requires_grad_(False)
 
 
+def to_channels_last_3d(vae: torch.nn.Module) -> None:
+    """NDHWC layout for every 5-D conv weight (cuDNN's fast 3-D conv path); numerics unchanged."""
+    for m in vae.modules():
+        if isinstance(m, torch.nn.Conv3d):
+            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+
+
+def speed_up_vae(vae: WanVideoVAE38, cfg: Gc25dConfig, device: torch.device) -> WanVideoVAE38:
+    """The encode-speed options of ``cfg.vae`` that keep the SPEC's numerics (fp32, TF32 convs)."""
+    if cfg.vae.lean_ops:
+        lean_vae_ops(vae)
+    if cfg.vae.channels_last_3d and device.type == "cuda":
+        to_channels_last_3d(vae)
+    return vae
+
+
+def build_vae_for(cfg: Gc25dConfig, device: torch.device) -> WanVideoVAE38:
+    """The VAE ``cfg`` names, its weights checked: ``vae.path`` (real, or a fitted tiny one with
+    ``vae.tiny``), else the tiny_vae asset's fit (tiny preset), else the seeded tiny random one."""
+    from gc25d_core.models.vae_fit import load_tiny_vae, resolve_vae_file
+
+    found = resolve_vae_file(cfg)
+    if found is not None and cfg.vae.tiny:
+        path, sha, field = found
+        vae: WanVideoVAE38 = load_tiny_vae(path, expected_sha256=sha, device=device, field=field)
+    elif found is not None:
+        path, sha, field = found
+        vae = load_vae(path, expected_sha256=sha, device=device, field=field)
+    elif cfg.vae.tiny:
+        torch.manual_seed(cfg.seed)  # the tiny random VAE must be the same on every rank and rerun
+        vae = build_vae(tiny=True, device="cpu").to(device)
+    else:
+        raise ValueError("vae.path and vae.sha256 must be set to encode with real weights")
+    return speed_up_vae(vae, cfg, device)
+
+
 def frames_to_video(frames_THWC: np.ndarray | torch.Tensor) -> torch.Tensor:
     """RGB uint8 ``[T, H, W, 3]`` -> float32 ``[3, T, H, W]`` in [-1, 1]."""
     x = torch.as_tensor(np.asarray(frames_THWC)) if not isinstance(frames_THWC, torch.Tensor) else frames_THWC
@@ -328,8 +378,9 @@ class StreamingDecoder:
         ``[B, 3, T, 16h, 16w]`` in about [-1, 1], T = 1 for the first cell, 4 for later ones."""
         if z_cell.ndim == 4:
             z_cell = z_cell.unsqueeze(0)
-        if z_cell.ndim != 5 or z_cell.shape[1] != Z_DIM or z_cell.shape[2] != 1:
-            raise ValueError(f"a latent cell must be [B, {Z_DIM}, 1, h, w], got {tuple(z_cell.shape)}")
+        z_dim = self.vae.z_dim
+        if z_cell.ndim != 5 or z_cell.shape[1] != z_dim or z_cell.shape[2] != 1:
+            raise ValueError(f"a latent cell must be [B, {z_dim}, 1, h, w], got {tuple(z_cell.shape)}")
         device = next(self.model.parameters()).device
         z_cell = z_cell.to(device=device, dtype=self.dtype)
         if self._graphable(z_cell):
@@ -358,8 +409,8 @@ def decode_video(vae: WanVideoVAE38, z: torch.Tensor) -> torch.Tensor:
     16h, 16w]`` in about [-1, 1] (DiffSynth's own ``decode``: the reference the stream must match)."""
     if z.ndim == 4:
         z = z.unsqueeze(0)
-    if z.ndim != 5 or z.shape[1] != Z_DIM:
-        raise ValueError(f"latents must be [B, {Z_DIM}, T, h, w], got {tuple(z.shape)}")
+    if z.ndim != 5 or z.shape[1] != vae.z_dim:
+        raise ValueError(f"latents must be [B, {vae.z_dim}, T, h, w], got {tuple(z.shape)}")
     device = next(vae.model.parameters()).device
     with torch.autocast(device_type=device.type, enabled=False):
         return vae.model.decode(z.to(device).float(), vae.scale).float()

@@ -20,6 +20,7 @@ from gc25d_core.config import Gc25dConfig
 from gc25d_core.geometry import resample_rgb
 from gc25d_core.index import ClipRow
 from gc25d_core.layout import Layout, LayoutError, Shapes, read_latents, write_latents
+from gc25d_core.models.vae import build_vae_for, decode_frames, encode_on_device, frames_to_video
 from gc25d_core.raw_frames import read_rgb
 from gc25d_core.raw_layout import RunDir
 from gc25d_core.text import cell_prompts, text_data
@@ -60,34 +61,6 @@ def latents_done(layout: Layout, shapes: Shapes, row: ClipRow) -> bool:
         return False
 
 
-def to_channels_last_3d(vae) -> None:
-    """NDHWC layout for every 5-D conv weight (cuDNN's fast 3-D conv path); numerics unchanged."""
-    for m in vae.modules():
-        if isinstance(m, torch.nn.Conv3d):
-            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
-
-
-def build_vae_for(cfg: Gc25dConfig, device: torch.device):
-    """The VAE ``cfg`` names, its weights checked: ``vae.path`` (real, or a fitted tiny one with
-    ``vae.tiny``), else the tiny_vae asset's fit (tiny preset), else the seeded tiny random one."""
-    from gc25d_core.models.vae import build_vae, load_vae
-    from gc25d_core.models.vae_fit import load_tiny_vae, resolve_vae_file
-
-    found = resolve_vae_file(cfg)
-    if found is not None and cfg.vae.tiny:
-        path, sha, field = found
-        vae = load_tiny_vae(path, expected_sha256=sha, device=device, field=field)
-    elif found is not None:
-        path, sha, field = found
-        vae = load_vae(path, expected_sha256=sha, device=device, field=field)
-    elif cfg.vae.tiny:
-        torch.manual_seed(cfg.seed)  # the tiny random VAE must be the same on every rank and rerun
-        vae = build_vae(tiny=True, device="cpu").to(device)
-    else:
-        raise ValueError("vae.path and vae.sha256 must be set to encode with real weights")
-    return speed_up_vae(vae, cfg, device)
-
-
 def vae_identity(cfg: Gc25dConfig) -> str:
     """What the latents were made with: the weights' SHA256, or the seed of the tiny random VAE."""
     from gc25d_core.models.vae_fit import resolve_vae_file
@@ -123,17 +96,6 @@ def drop_latents_of_another_vae(cfg: Gc25dConfig, layout: Layout) -> int:
         p.unlink()
     atomic_write_text(marker, json.dumps({"vae": ident, "previous": old}))
     return len(stale)
-
-
-def speed_up_vae(vae, cfg: Gc25dConfig, device: torch.device):
-    """The encode-speed options of ``cfg.vae`` that keep the SPEC's numerics (fp32, TF32 convs)."""
-    from gc25d_core.models.vae import lean_vae_ops
-
-    if cfg.vae.lean_ops:
-        lean_vae_ops(vae)
-    if cfg.vae.channels_last_3d and device.type == "cuda":
-        to_channels_last_3d(vae)
-    return vae
 
 
 class ClipFrames(torch.utils.data.Dataset):
@@ -178,8 +140,6 @@ def _clip_batches(loader, clips_per_batch: int, on_error) -> Iterator[list[tuple
 
 def encode_batch(vae, frames: list[torch.Tensor], device: torch.device, cfg: Gc25dConfig) -> torch.Tensor:
     """uint8 [81,H,W,3] × B → float32 latents [B,48,21,h,w] (frames moved and normalised on device)."""
-    from gc25d_core.models.vae import encode_on_device, frames_to_video
-
     video = torch.stack([frames_to_video(f.to(device, non_blocking=True)) for f in frames])  # [B,3,T,H,W]
     if cfg.vae.channels_last_3d and device.type == "cuda":
         video = video.contiguous(memory_format=torch.channels_last_3d)
@@ -287,7 +247,6 @@ def latents_preview(cfg: Gc25dConfig, out_dir: Path) -> dict[str, Any] | None:
     decode belongs on the GPU, not in the orchestrator's process); None when there is nothing."""
     from gc25d_core.index import read_index
     from gc25d_core.layout import read_cond
-    from gc25d_core.models.vae import decode_frames
     from gc25d_core.preview import colorize_ids, png_bytes, side_by_side, strip_of, write_video
 
     if not cfg.vae.tiny:

@@ -32,7 +32,7 @@ class ModelConfig(Strict):
     export_sha256: str | None = None
     handoff: Path | None = Field(
         default=None,
-        description="init='handoff': a producing stage's teacher.json / final.json (train.handoff)",
+        description="init='handoff': a producing stage's teacher.json / final.json (gc25d_core.handoff)",
     )
     handoff_export: Literal["export", "ema"] = "export"
     init_seed: int = 0

@@ -11,7 +11,6 @@ batches, then all advance the epoch together (a drop-last of at most a few sampl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,59 +21,14 @@ import torch
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.distributed import all_reduce, world_size
+from gc25d_core.hashing import seed_int
+from gc25d_core.text import prompt_keys
 from gc25d_core.train.config import DataConfig, DropoutConfig
 from gc25d_core.vocab import UNKNOWN, check_ids
 
 
-def seed_int(*parts: object) -> int:
-    """A 63-bit seed from a tuple of values (stable across processes and Python versions)."""
-    digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def generator(*parts: object) -> torch.Generator:
     return torch.Generator().manual_seed(seed_int(*parts))
-
-
-# ============================================================================== text
-
-
-class TextBank:
-    """The text table on the device; per-micro-batch banks of the distinct keys + a cell index."""
-
-    def __init__(self, table: dict[str, torch.Tensor], device: torch.device):
-        from gc25d_core.text import key_to_id
-
-        self.keys = sorted(table)
-        self.ids = key_to_id(table)
-        self.table = torch.stack([table[k] for k in self.keys]).to(device)  # bf16 [K, L, D]
-
-    def context(self, keys: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, P, L, D] bank of the batch's distinct keys and [B, cells] index into it."""
-        uniq = sorted({k for ks in keys for k in ks})
-        pos = {k: i for i, k in enumerate(uniq)}
-        bank = torch.stack([self.table[self.ids[k]] for k in uniq])  # views + one copy: no H2D sync
-        # on the host: the model checks it without a sync
-        index = torch.tensor([[pos[k] for k in ks] for ks in keys])
-        return bank.unsqueeze(0).expand(len(keys), -1, -1, -1), index
-
-
-def load_text_table(cfg: Gc25dConfig, data: DataConfig) -> dict[str, torch.Tensor]:
-    from gc25d_core.layout import Layout
-    from gc25d_core.text import load_table, synthetic_table
-
-    path = data.text_table or Layout(Path(cfg.paths.data_root)).text_table
-    if Path(path).is_file():
-        return load_table(Path(path), cfg.text)
-    if cfg.text.table_path is None:  # synthetic-table presets: the same deterministic table
-        return synthetic_table(cfg.text)
-    raise FileNotFoundError(f"text table {path} does not exist (run the text_table stage first)")
-
-
-def prompt_keys(cfg: Gc25dConfig) -> dict[str, str]:
-    from gc25d_core.text import prompt_to_key, text_data
-
-    return prompt_to_key(text_data(cfg.text))
 
 
 # ============================================================================== samples

@@ -25,15 +25,9 @@ import torch
 
 from gc25d_core.checkpoint import step_name
 from gc25d_core.distributed import barrier
+from gc25d_core.text import TextBank, load_text_table
 from gc25d_core.train.config import StageConfig
-from gc25d_core.train.data import (
-    TextBank,
-    TrainingSample,
-    TrainingStream,
-    batch_of,
-    generator,
-    load_text_table,
-)
+from gc25d_core.train.data import TrainingSample, TrainingStream, batch_of, generator
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained, build_engine
 from gc25d_core.train.inputs import model_kwargs, to_device
@@ -125,7 +119,7 @@ class DenoiserRun(StageRun):
     def build_models_and_validation(self) -> None:
         """The text bank, engine, trained model and validation clips (after ``self.data``)."""
         sec = self.section
-        self.text = TextBank(load_text_table(self.cfg, sec.data), self.device)
+        self.text = TextBank(load_text_table(self.cfg, sec.data.text_table), self.device)
         self.engine = build_engine(sec, self.device, self.precision)
         model = build_model(
             self.cfg,

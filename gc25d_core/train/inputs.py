@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gc25d_core.flow import FlowSchedule
-from gc25d_core.train.data import TextBank
+from gc25d_core.text import TextBank
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:

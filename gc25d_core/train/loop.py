@@ -13,7 +13,7 @@ losses. The loop does the rest the same way for every stage::
     <run_dir>/metrics.jsonl  val.jsonl  train / validation records (rank 0)
     <run_dir>/tensorboard/              the same records as TensorBoard scalars (rank 0)
     <run_dir>/done.json                 written when max_steps is reached
-    <run_dir>/final.json                the hand-off to the next stage (train.handoff)
+    <run_dir>/final.json                the hand-off to the next stage (gc25d_core.handoff)
     <run_dir>/.lock                     held by the job running in the folder (gc25d_core.run_lock)
 
 Resume is the default: the newest state slot that verifies restores every part and the logs past its
@@ -35,15 +35,15 @@ import torch
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.checkpoint import step_name
 from gc25d_core.config import Gc25dConfig, to_yaml
-from gc25d_core.distributed import barrier, global_rank, world_size
+from gc25d_core.distributed import barrier, global_rank, pick_device, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
+from gc25d_core.handoff import FINAL, TEACHER
 from gc25d_core.report import Reporter
 from gc25d_core.train.config import StageConfig
 from gc25d_core.train.engine import Engine
-from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
-from gc25d_core.train.model import pick_device, resolve_precision, set_determinism
+from gc25d_core.train.model import resolve_precision, set_determinism
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
@@ -249,7 +249,7 @@ class StageRun:
         return self._finish(start_step, step, target, last_val)
 
     def _finish(self, start_step: int, step: int, target: int, last_val: dict[str, float]) -> dict[str, Any]:
-        from gc25d_core.train.handoff import write_handoff
+        from gc25d_core.handoff import write_handoff
 
         exports = sorted(p.name for p in self.export_dir.glob("step-*.safetensors"))
         summary: dict[str, Any] = {

@@ -17,14 +17,6 @@ if TYPE_CHECKING:
     from gc25d_core.models.export import ExportMeta
 
 
-def pick_device(cfg: Gc25dConfig) -> torch.device:
-    if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("config device=cuda but CUDA is not available (use the tiny preset on CPU)")
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def resolve_precision(stage: StageConfig, device: torch.device) -> Literal["bf16", "fp32"]:
     if stage.precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
@@ -51,10 +43,10 @@ def dit_config_of(cfg: Gc25dConfig, model: ModelConfig):
 
 def init_export(m: ModelConfig, runs_root: Path | str) -> tuple[Path, str | None]:
     """The export an ``export`` / ``handoff`` init reads, and the SHA256 it must have (a hand-off's
-    exports are resolved inside ``runs_root``: gc25d_core.train.handoff)."""
+    exports are resolved inside ``runs_root``: gc25d_core.handoff)."""
     if m.init == "handoff":
+        from gc25d_core.handoff import read_handoff
         from gc25d_core.schema import ConfigError
-        from gc25d_core.train.handoff import read_handoff
 
         if m.handoff is None:
             raise ConfigError(
@@ -69,7 +61,7 @@ def init_export(m: ModelConfig, runs_root: Path | str) -> tuple[Path, str | None
 def init_source(m: ModelConfig, section: str) -> str:
     """Where an export init comes from, for errors: the hand-off file and its field, or the config field."""
     if m.init == "handoff":
-        from gc25d_core.train.handoff import field_of
+        from gc25d_core.handoff import field_of
 
         return f"hand-off {m.handoff} (field {field_of(m.handoff_export)!r}, from {section}.handoff)"
     return f"{section}.export_path"
@@ -81,7 +73,7 @@ def check_init_export(
     """What the reading stage needs of its init export, before anything is trained: causal or
     bidirectional (``causal``; None: either), the project's vocabulary, the latent channels in and
     out, the text table's width. Raises a ConfigError naming the hand-off file and field."""
-    from gc25d_core.layout import LATENT_CHANNELS
+    from gc25d_core.config import LATENT_CHANNELS
     from gc25d_core.schema import ConfigError
 
     d = meta.dit_config

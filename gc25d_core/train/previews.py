@@ -121,7 +121,8 @@ def predict_x0(run_dir: Path, cfg: Gc25dConfig, step: int, t_req: float = 500.0)
     from gc25d_core.cache.stores import open_store
     from gc25d_core.flow import WAN_SCHEDULE as schedule
     from gc25d_core.models.loading import load_gc_weights
-    from gc25d_core.train.data import TextBank, generator, load_text_table, prompt_keys
+    from gc25d_core.text import TextBank, load_text_table, prompt_keys
+    from gc25d_core.train.data import generator
     from gc25d_core.train.inputs import cell_mse, model_kwargs, ti2v_inputs
     from gc25d_core.train.sft import sft_config
     from gc25d_core.train.validation import load_val_clips
@@ -144,7 +145,7 @@ def predict_x0(run_dir: Path, cfg: Gc25dConfig, step: int, t_req: float = 500.0)
     clip, device = clips[0], torch.device("cpu")
     model, _ = load_gc_weights(export, device=device, dtype=torch.float32)
     model.eval()
-    text = TextBank(load_text_table(cfg, sft.data), device)
+    text = TextBank(load_text_table(cfg, sft.data.text_table), device)
     t = float(schedule.timestep_at(schedule.index_of(t_req)))
     gen = generator(sft.val.seed, "val", clip.sample_id, t_req)
     x0, x_t, target = ti2v_inputs(schedule, clip.latent[None], t, gen, device)
@@ -166,8 +167,7 @@ def sft_preview(run_dir: Path | str, cfg: Gc25dConfig, t_req: float = 500.0) -> 
     ``curves_png`` (bytes), ``gaps`` (gap_table rows), ``sample_video`` (Path, an MP4 in
     ``run_dir/previews/``), ``sample_png`` (bytes, 5 frames of it), ``sample_step``, ``sample_clip``,
     ``sample_mse`` (that clip's velocity MSE at t)."""
-    from gc25d_core.models.vae import decode_frames
-    from gc25d_core.preprocess.latents import build_vae_for
+    from gc25d_core.models.vae import build_vae_for, decode_frames
     from gc25d_core.preview import colorize_ids, png_bytes, side_by_side, strip_of, write_video
 
     run_dir = Path(run_dir)

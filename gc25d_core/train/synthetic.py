@@ -230,9 +230,9 @@ def random_teacher(
     ``root/<stage>/``, which must lie inside ``cfg.paths.runs_root``. Stands in where a test needs
     only a valid init, not a trained one."""
     from gc25d_core.flow import DEPLOY_AXIS
+    from gc25d_core.handoff import FINAL, TEACHER, handoff_of, write_handoff_file
     from gc25d_core.models.configs import DEPLOY_CAUSAL, build_gcdit, tiny_config
     from gc25d_core.models.export import save_export
-    from gc25d_core.train.handoff import FINAL, TEACHER, handoff_of, write_handoff_file
 
     torch.manual_seed(seed)
     model = build_gcdit(tiny_config(vocab=cfg.vocab))

@@ -7,7 +7,7 @@ A stage asset resolves the project config, fills the stage's section from
 fixed per (asset, partition), so a retry, a re-execution or a relaunch resumes from the job's latest
 state; ``fresh`` starts over.
 
-``init_from`` chains stages through hand-off files (``gc25d_core.train.handoff``): the upstream
+``init_from`` chains stages through hand-off files (``gc25d_core.handoff``): the upstream
 asset's run folder for the same partition holds ``teacher.json`` (the SFT pick) or ``final.json``
 (a stage's last export); the factory points the stage's ``model.handoff`` at that file and the job
 reads the export it names, checking its SHA256. Nothing about the upstream run is re-derived here.
@@ -23,10 +23,10 @@ import dagster as dg
 from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig
+from gc25d_core.handoff import TEACHER, read_handoff
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import BY_NAME, Stage, Upstream
-from gc25d_core.train.handoff import TEACHER, read_handoff
 from gc25d_core.train.loop import TENSORBOARD_DIR
 from gc25d_core.train.metrics import JsonlLog, curves_png
 from gc25d_core.train.presets import with_stage

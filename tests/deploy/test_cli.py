@@ -62,7 +62,7 @@ def test_cli_errors_name_the_cause(tmp_path, capsys):
 def test_newest_causal_export_prefers_later_stages(tmp_path, tiny_export):
     import shutil
 
-    from gc25d_core.train.handoff import handoff_of, write_handoff_file
+    from gc25d_core.handoff import handoff_of, write_handoff_file
 
     with pytest.raises(NoExportError, match="stage1_tf"):
         newest_causal_export(tmp_path)

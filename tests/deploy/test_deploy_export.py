@@ -10,9 +10,9 @@ import dagster as dg
 
 from gc25d_core.deploy.export import write_deploy_export
 from gc25d_core.deploy.runtime import FULL_SIZE_KEYS, contract_problems, load_deploy_model
+from gc25d_core.handoff import handoff_of, read_handoff, write_handoff_file
 from gc25d_core.hashing import sha256_file
 from gc25d_core.models.export import read_export
-from gc25d_core.train.handoff import handoff_of, read_handoff, write_handoff_file
 from tests.deploy.conftest import write_tiny_export
 
 
@@ -136,9 +136,9 @@ def test_deploy_export_sits_between_stage3_and_eval():
 def test_eval_leaves_out_a_deploy_copy_of_an_export_it_evaluates(tmp_path):
     """The deploy export is stage 3's EMA with more metadata (another file hash, the same weights):
     eval scores it only when its source is not among the evaluated exports."""
-    from gc25d_core.deploy.export import deployed_from
     from gc25d_core.eval.run import without_deployed_copies
     from gc25d_core.eval.spec import EvalExport
+    from gc25d_core.models.export import deployed_from
 
     s3 = _chain(tmp_path)
     deployed = tmp_path / "deploy.safetensors"

@@ -13,8 +13,8 @@ import torch
 from gc25d_core.deploy.runtime import DeployRuntime, RuntimeOptions, load_deploy_model
 from gc25d_core.models.configs import DEPLOY_CAUSAL
 from gc25d_core.models.sem_cond import cell_frame_slice
-from gc25d_core.train.config import DataConfig
-from gc25d_core.train.data import TextBank, TrainingSample, load_text_table
+from gc25d_core.text import TextBank, load_text_table
+from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.stage3_dmd import Stage3Run
 from gc25d_core.vocab import valid_raw_ids
 
@@ -45,7 +45,7 @@ def _sample(cfg, keys, seed=0) -> TrainingSample:
 @pytest.mark.parametrize("fold", [False, True], ids=["separate_commit", "folded_commit"])
 def test_deploy_rollout_equals_the_stage3_rollout(tiny_export, deploy_cfg, fold):
     model, meta = load_deploy_model(tiny_export)
-    table = load_text_table(deploy_cfg, DataConfig())
+    table = load_text_table(deploy_cfg)
     sample = _sample(deploy_cfg, sorted(table))
     run = SimpleNamespace(
         section=SimpleNamespace(grad_horizon=CELLS - 1),

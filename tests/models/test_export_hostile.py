@@ -98,8 +98,9 @@ def _unreadable(good: Path, folder: Path) -> dict[str, Path]:
 
 
 def test_unreadable_files_raise_one_error_naming_the_file(good, tmp_path):
-    from gc25d_core.deploy.export import deployed_from, write_deploy_export
+    from gc25d_core.deploy.export import write_deploy_export
     from gc25d_core.deploy.runtime import load_deploy_model
+    from gc25d_core.models.export import deployed_from
     from gc25d_core.models.loading import load_gc_weights
 
     for name, path in _unreadable(good, tmp_path).items():
@@ -119,7 +120,7 @@ def test_unreadable_files_raise_one_error_naming_the_file(good, tmp_path):
 
 def test_the_hash_is_checked_before_the_header_is_parsed(good, tmp_path):
     """A wrong file under an expected hash is reported as the wrong file, not as a parse error."""
-    from gc25d_core.deploy.export import deployed_from
+    from gc25d_core.models.export import deployed_from
 
     bad = _unreadable(good, tmp_path)["pickle"]
     with pytest.raises(ExportError, match=rf"{bad}: sha256 .* != expected {'0' * 64}"):

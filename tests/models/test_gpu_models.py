@@ -94,8 +94,7 @@ def test_cuda_lean_vae_channels_last_matches_diffsynth_encode():
     norm actually runs) against DiffSynth's own encode of the same clips, same weights."""
     import copy
 
-    from gc25d_core.models.vae import build_vae, encode_on_device, lean_vae_ops
-    from gc25d_core.preprocess.latents import to_channels_last_3d
+    from gc25d_core.models.vae import build_vae, encode_on_device, lean_vae_ops, to_channels_last_3d
 
     torch.manual_seed(0)
     ref = build_vae(tiny=True).to("cuda")

@@ -44,7 +44,7 @@ def test_fit_improves_reconstruction_and_normalises_latents(tmp_path):
     with pytest.raises(WeightsError):
         load_tiny_vae(path, expected_sha256="0" * 64)
 
-    from gc25d_core.preprocess.latents import build_vae_for
+    from gc25d_core.models.vae import build_vae_for
 
     cfg = load_config("tiny", {"vae": {"path": str(path), "sha256": digest}})
     built = build_vae_for(cfg, torch.device("cpu"))
@@ -98,8 +98,8 @@ def test_a_vae_whose_sha256_differs_from_its_config_fails_naming_both(tmp_path):
     asset's file against the digest in its record; the error names the file and the field."""
     import json
 
+    from gc25d_core.models.vae import build_vae_for
     from gc25d_core.models.vae_fit import fit_file, record_file
-    from gc25d_core.preprocess.latents import build_vae_for
 
     vae, _ = fit_tiny_vae(_clips(), steps=1, batch=1, seed=0)
     path = tmp_path / "tiny_vae.safetensors"

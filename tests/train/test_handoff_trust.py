@@ -13,12 +13,7 @@ import pytest
 import torch
 
 from gc25d_core.config import load_config
-from gc25d_core.hashing import sha256_file
-from gc25d_core.models.configs import DEPLOY_CAUSAL, build_gcdit, tiny_config
-from gc25d_core.models.export import save_export
-from gc25d_core.report import StdoutReporter
-from gc25d_core.schema import ConfigError
-from gc25d_core.train.handoff import (
+from gc25d_core.handoff import (
     FINAL,
     TEACHER,
     handoff_of,
@@ -26,6 +21,11 @@ from gc25d_core.train.handoff import (
     write_handoff,
     write_handoff_file,
 )
+from gc25d_core.hashing import sha256_file
+from gc25d_core.models.configs import DEPLOY_CAUSAL, build_gcdit, tiny_config
+from gc25d_core.models.export import save_export
+from gc25d_core.report import StdoutReporter
+from gc25d_core.schema import ConfigError
 
 STAGE = {"engine": "torch", "max_steps": 2, "export_every": 2, "state_every": 2, "val": {"num_clips": 1}}
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from gc25d_core.config import ConfigError, load_config
+from gc25d_core.handoff import FINAL, TEACHER
 from gc25d_core.report import StdoutReporter
-from gc25d_core.text import NULL_KEY
+from gc25d_core.text import NULL_KEY, prompt_keys
 from gc25d_core.train.config import DropoutConfig, ProfileConfig, SftConfig
-from gc25d_core.train.data import SampleTransform, prompt_keys
+from gc25d_core.train.data import SampleTransform
 from gc25d_core.train.engine import deepspeed_config, lr_lambda
-from gc25d_core.train.handoff import FINAL, TEACHER
 from gc25d_core.train.inputs import cell_mse, ti2v_inputs
 from gc25d_core.train.loop import run_stage
 from gc25d_core.train.metrics import StepProfiler

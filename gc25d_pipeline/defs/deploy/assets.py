@@ -16,9 +16,9 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field
 
+from gc25d_core.handoff import FINAL, read_handoff
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
-from gc25d_core.train.handoff import FINAL, read_handoff
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.train.assets import STAGE_ASSETS
 from gc25d_pipeline.lib.launcher import JobLauncher

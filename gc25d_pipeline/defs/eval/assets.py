@@ -30,9 +30,9 @@ from gc25d_core.eval.spec import (
     read_model,
     write_model,
 )
+from gc25d_core.handoff import FINAL
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
-from gc25d_core.train.handoff import FINAL
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.deploy.assets import deploy_export
 from gc25d_pipeline.defs.train.assets import HANDOFF_WRITERS

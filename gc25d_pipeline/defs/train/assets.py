@@ -11,8 +11,8 @@ import dagster as dg
 from pydantic import Field
 
 from gc25d_core.config import config_from_yaml
+from gc25d_core.handoff import TEACHER, handoff_of, write_handoff_file
 from gc25d_core.stages import STAGES
-from gc25d_core.train.handoff import TEACHER, handoff_of, write_handoff_file
 from gc25d_core.train.pick import PickError, pick_sft_run
 from gc25d_core.train.presets import stage_config
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
