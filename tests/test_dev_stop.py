@@ -67,6 +67,10 @@ def _names(procs: list[psutil.Process]) -> str:
 def _env(tmp: Path) -> dict[str, str]:
     home = tmp / "dagster_home"
     home.mkdir(exist_ok=True)
+    # `make dev` stops on a DAGSTER_HOME without an instance file, and on a named data root that
+    # does not exist (its check-config step)
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    (tmp / "data").mkdir(exist_ok=True)
     overrides = [
         f"paths.data_root={tmp / 'data'}",
         f"paths.runs_root={tmp / 'runs'}",
@@ -162,7 +166,6 @@ def test_a_run_in_flight_when_dev_stops_ends_canceled_and_is_not_retried(tmp_pat
     location = tmp_path / "location.py"
     location.write_text(textwrap.dedent(LOCATION))
     env = _env(tmp_path)
-    (Path(env["DAGSTER_HOME"]) / "dagster.yaml").write_text((ROOT / "dagster.sqlite.yaml").read_text())
     env["CHILD_PIDFILE"] = str(tmp_path / "child.pid")
     port = _free_port()
     log = tmp_path / "dev.log"
