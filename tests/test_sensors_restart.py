@@ -107,6 +107,7 @@ def test_an_asset_rebuilt_after_its_downstream_makes_the_downstream_run_again():
 
 @pytest.fixture
 def project(tmp_path):
+    (tmp_path / "data").mkdir()  # a data root the user names must exist
     p = Gc25dProject(
         preset="tiny",
         overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],
