@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -119,3 +121,26 @@ def interrupt_run_worker(proc: subprocess.Popen, runs_root: Path, timeout_s: flo
     proc.wait(timeout=90)
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=timeout_s)
     return alive
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
+    """Poll ``check`` until it returns something true (returned); an exception means "not yet",
+    and the last one is raised at the deadline (else an AssertionError naming ``what``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if value := check():
+                return value
+        except Exception:  # not up yet: keep polling until the deadline
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,33 +16,17 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
+
+from tests.launch_helpers import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 STOP_WITHIN_S = 90  # the supervisor's own limits: 60 s for runs (none here) + 30 s for dg dev
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(Exception):
-            if value := check():
-                return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(every_s)
 
 
 def _up(port: int) -> bool:
@@ -128,11 +111,11 @@ def _stop_and_check(pid: int, send: Callable[[], None], log: Path) -> None:
 
 @pytest.mark.parametrize("how", ["SIGTERM to make", "SIGINT to the job"])
 def test_make_dev_in_the_background_stops_with_all_its_processes(tmp_path, how):
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "make_dev.log"
     with _in_background(f"make dev DEV_PORT={port}", _env(tmp_path), log) as pid:
-        _wait("the webserver", lambda: _up(port), timeout_s=240, every_s=2)
-        _wait("the daemon", lambda: "dagster._daemon" in _names(_tree(pid)), timeout_s=60)
+        wait_for("the webserver", lambda: _up(port), timeout_s=240, every_s=2)
+        wait_for("the daemon", lambda: "dagster._daemon" in _names(_tree(pid)), timeout_s=60)
         if how == "SIGTERM to make":
             _stop_and_check(pid, lambda: os.kill(pid, signal.SIGTERM), log)
         else:  # `kill -INT %1`: the job's process group; make itself ignores it (set so by bash)
@@ -167,16 +150,16 @@ def test_a_run_in_flight_when_dev_stops_ends_canceled_and_is_not_retried(tmp_pat
     location.write_text(textwrap.dedent(LOCATION))
     env = _env(tmp_path)
     env["CHILD_PIDFILE"] = str(tmp_path / "child.pid")
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "dev.log"
     command = (
         f"{sys.executable} -m gc25d_pipeline.lib.dev -- {BIN / 'dg'} dev -f {location} -h 127.0.0.1 -p {port}"
     )
     with _in_background(command, env, log) as pid:
-        _wait("the webserver", lambda: _up(port), timeout_s=240, every_s=2)
+        wait_for("the webserver", lambda: _up(port), timeout_s=240, every_s=2)
         client = DagsterGraphQLClient("127.0.0.1", port_number=port)
-        run_id = _wait("the run's submission", lambda: client.submit_job_execution("sleep_job"), 120, 3)
-        child = int(_wait("the run's subprocess", (tmp_path / "child.pid").read_text, 240, 1))
+        run_id = wait_for("the run's submission", lambda: client.submit_job_execution("sleep_job"), 120, 3)
+        child = int(wait_for("the run's subprocess", (tmp_path / "child.pid").read_text, 240, 1))
         tree = _tree(pid)
         assert child in {p.pid for p in tree}, _names(tree)
         _stop_and_check(pid, lambda: os.kill(pid, signal.SIGTERM), log)

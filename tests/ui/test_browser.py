@@ -18,12 +18,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ import pytest
 
 from gc25d_pipeline.defs.cache.assets import training_cache
 from gc25d_pipeline.lib.project import Gc25dProject
+from tests.launch_helpers import free_port, wait_for
 
 from ..test_cache_pipeline import _write_clips
 
@@ -65,26 +64,6 @@ class Server:
             return json.loads(resp.read())["data"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if value := check():
-                return value
-        except Exception:  # not up yet: keep polling until the deadline
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(every_s)
-
-
 def _default_signals() -> None:
     # a parent started in the background may ignore SIGINT / SIGTERM; dagster dev must not
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -109,7 +88,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
     project = Gc25dProject(preset="tiny", overrides=overrides)
     _write_clips(project.config(), {"R10_s1512": "val", "R10_s2024": "train"})
     training_cache(dg.build_asset_context(), project=project)
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
@@ -131,7 +110,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
         )
     srv = Server(f"http://127.0.0.1:{port}", home, log)
     try:
-        _wait(
+        wait_for(
             "the webserver",
             lambda: proc.poll() is None and urllib.request.urlopen(f"{srv.url}/server_info", timeout=5),
             timeout_s=90,
@@ -200,7 +179,7 @@ def test_lineage_draws_every_asset(server: Server, browser: Any, evidence: None)
     from selenium.webdriver.common.keys import Keys
 
     browser.get(f"{server.url}/asset-groups")
-    _wait("the lineage graph", lambda: browser.find_elements(By.CSS_SELECTOR, "svg foreignObject"), 60)
+    wait_for("the lineage graph", lambda: browser.find_elements(By.CSS_SELECTOR, "svg foreignObject"), 60)
     # groups start collapsed; the graph's own shortcut (Alt+E) expands them all
     ActionChains(browser).key_down(Keys.ALT).send_keys("e").key_up(Keys.ALT).perform()
     expected = _asset_names()
@@ -208,7 +187,7 @@ def test_lineage_draws_every_asset(server: Server, browser: Any, evidence: None)
     def drawn() -> set[str]:
         return {e.text.strip() for e in browser.find_elements(By.CSS_SELECTOR, "svg foreignObject")}
 
-    missing = _wait("every asset node", lambda: not (expected - drawn()), 30) and expected - drawn()
+    missing = wait_for("every asset node", lambda: not (expected - drawn()), 30) and expected - drawn()
     assert not missing, f"not drawn: {sorted(missing)}"
 
 
@@ -225,14 +204,14 @@ def test_materialize_button_runs_text_table_to_success(server: Server, browser: 
     browser.get(f"{server.url}/assets/text_table")
     button = "//button[normalize-space()='Materialize']"
     # the page re-renders as its queries come in: find and click in one poll
-    _wait("a click on Materialize", lambda: browser.find_element(By.XPATH, button).click() or True, 60)
-    (run_id,) = _wait("the launched run", lambda: set(runs()) - set(before), 30)
+    wait_for("a click on Materialize", lambda: browser.find_element(By.XPATH, button).click() or True, 60)
+    (run_id,) = wait_for("the launched run", lambda: set(runs()) - set(before), 30)
 
     def status() -> str | None:
         state = runs().get(run_id)
         return state if state in ("SUCCESS", "FAILURE", "CANCELED") else None
 
-    assert _wait(f"run {run_id}", status, timeout_s=90, every_s=1) == "SUCCESS"
+    assert wait_for(f"run {run_id}", status, timeout_s=90, every_s=1) == "SUCCESS"
     # and the page shows the materialization the run recorded
     browser.get(f"{server.url}/assets/text_table")
     WebDriverWait(browser, 30).until(ec.presence_of_element_located((By.XPATH, "//*[text()='sha256']")))
@@ -252,7 +231,7 @@ def test_snapshot_sensor_adds_the_partition_and_requests_its_run(
         )
         return runs["runsOrError"]["results"]
 
-    (run,) = _wait("the sensor's run request", requested, timeout_s=90, every_s=1)
+    (run,) = wait_for("the sensor's run request", requested, timeout_s=90, every_s=1)
     tags = {t["key"]: t["value"] for t in run["tags"]}
     assert run["jobName"] == "cache_snapshot_job"
     assert tags["dagster/sensor_name"] == "cache_snapshot_sensor" and tags["dagster/run_key"] == "v000001"
