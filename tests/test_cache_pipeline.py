@@ -40,8 +40,9 @@ def _tick(instance, project, cursor):
         return cache_snapshot_sensor(ctx)
 
 
-@pytest.fixture
-def project(tmp_path):
+@pytest.fixture(name="project")
+def cache_project(tmp_path):
+    """A tiny project with two clips (a val and a train run) and its own data, runs and cache roots."""
     (tmp_path / "data").mkdir()  # a data root the user names must exist (config.check_given_roots)
     p = Gc25dProject(
         preset="tiny",

@@ -7,16 +7,14 @@ project's asset keys and partitions (dg.materialize), so the records are the one
 import json
 
 import dagster as dg
-import pytest
 
 from gc25d_pipeline.definitions import defs
 from gc25d_pipeline.defs.cache.assets import training_cache
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.cache.sensors import cache_snapshot_sensor
 from gc25d_pipeline.defs.eval.sensors import PICK_TAG, teacher_pick_sensor
-from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject
 
-from .test_cache_pipeline import _write_clips
+from .test_cache_pipeline import cache_project  # noqa: F401 (the `project` fixture)
 
 CHAIN = ["stage1_tf", "stage2_cd", "stage3_dmd", "deploy_export", "eval"]
 
@@ -103,18 +101,6 @@ def test_an_asset_rebuilt_after_its_downstream_makes_the_downstream_run_again():
         _materialize(instance, "v000001", ["stage2_cd"])  # rebuilt: stage 3 on read an older one
         (request,), _ = _tick(instance)
         assert _selected(request) == ["stage3_dmd", "deploy_export", "eval"]
-
-
-@pytest.fixture
-def project(tmp_path):
-    (tmp_path / "data").mkdir()  # a data root the user names must exist
-    p = Gc25dProject(
-        preset="tiny",
-        overrides=[f"cache.store={tmp_path / 'cache'}", "cache.samples_per_shard=2"],
-        store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")),
-    )
-    _write_clips(p.config(), {"R10_s1512": "val", "R10_s2024": "train"})
-    return p
 
 
 def test_a_verified_snapshot_gets_its_partition_but_no_run(project):
