@@ -253,9 +253,9 @@ class Bench:
 
     def probe_deploy(self, tag: str = "") -> None:
         from gc25d_core.flow import DEPLOY_AXIS
-        from gc25d_core.models.causal import denoise_cell
         from gc25d_core.models.configs import DEPLOY_CAUSAL
         from gc25d_core.models.gcdit import TextContext
+        from gc25d_core.models.sampler import denoise_cell
         from gc25d_core.models.sem_cond import cell_frame_slice
 
         m = self.model

@@ -4,7 +4,7 @@
     frames0 = runtime.start(anchor_latent, ids0, key0)         # cell 0: the clean TI2V anchor at t=0
     out = runtime.step(ids4, key)                              # 4 denoise steps + commit, decode
 
-Per cell the shared 4-step sampler runs (``models.causal.CausalStreamer`` / ``denoise_cell`` /
+Per cell the shared 4-step sampler runs (``models.sampler.CausalStreamer`` / ``denoise_cell`` /
 ``KVCache``: the code stage 3 trains with): the export's recorded denoise axis, sink / window / RoPE
 cap, the commit at t = 0 into the cache; then ``StreamingDecoder`` decodes the cell's 4 frames.
 Noise comes from one generator seeded per session, so a seed and a block sequence give the same
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from gc25d_core.models.causal import StaticKVCache
 from gc25d_core.models.configs import NUM_SEM_COND_KEYS, NUM_WAN_KEYS_5B, full_config
 from gc25d_core.models.export import ExportError, ExportMeta
+from gc25d_core.models.kv_cache import StaticKVCache
 from gc25d_core.schema import Strict
 from gc25d_core.vocab import check_ids
 
@@ -52,7 +52,7 @@ class RuntimeOptions(Strict):
     )
     decode: bool = Field(default=True, description="decode frames (off: latents only, e.g. long tests)")
     static_kv: bool = Field(
-        default=False, description="preallocated KV buffers (models.causal.StaticKVCache; same results)"
+        default=False, description="preallocated KV buffers (models.kv_cache.StaticKVCache; same results)"
     )
     cuda_graphs: bool = Field(
         default=False,
@@ -183,8 +183,9 @@ class DeployRuntime:
         vae: Any,
         options: RuntimeOptions | None = None,
     ):
-        from gc25d_core.models.causal import CausalStreamer, GraphedKVForward
         from gc25d_core.models.gcdit import TextContext
+        from gc25d_core.models.kv_graphs import GraphedKVForward
+        from gc25d_core.models.sampler import CausalStreamer
         from gc25d_core.models.vae import StreamingDecoder
 
         self.options = opts = options or RuntimeOptions()

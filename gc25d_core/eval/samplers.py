@@ -54,7 +54,7 @@ class CausalSampler:
 
     @torch.no_grad()
     def __call__(self, anchor, ids, keys, num_cells, gen):
-        from gc25d_core.models.causal import kv_rollout
+        from gc25d_core.models.sampler import kv_rollout
 
         device = next(self.model.parameters()).device
         bank, index = self.text.context([keys])

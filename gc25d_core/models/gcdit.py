@@ -31,17 +31,14 @@ from einops import rearrange
 from gc25d_core.compat import import_diffsynth
 from gc25d_core.models.causal import (
     FullSequenceAttention,
-    KVCache,
-    KVFoldAttention,
-    KVStepAttention,
     RopeTable,
-    StaticKVCache,
     check_full_sequence,
     flex_block_mask,
     group_mask,
     sdpa,
 )
 from gc25d_core.models.configs import FULL_CAUSAL, CausalConfig, DiTConfig, full_config
+from gc25d_core.models.kv_cache import KVCache, KVFoldAttention, KVStepAttention, StaticKVCache
 from gc25d_core.models.sem_cond import SEM_COND_NAME, SemCondEncoder, install_sem_cond, sem_cond_keys
 from gc25d_core.vocab import Vocab
 
@@ -492,7 +489,7 @@ class GcDiT(WanModel):
         time index per cell (default 0..N-1).
         ``mode="tf"``: teacher forcing, ``latents`` = the noisy copy, ``clean=`` the clean one (see
         ``forward_teacher_forcing``). ``mode="kv"``: one cell against a KV cache (see ``forward_kv``);
-        with ``fold`` (a ``causal.FoldedCommit`` of cell - 1) the previous cell's commit runs in the
+        with ``fold`` (a ``sampler.FoldedCommit`` of cell - 1) the previous cell's commit runs in the
         same forward (``_forward_fold``).
         """
         if mode == "full":
@@ -659,7 +656,7 @@ class GcDiT(WanModel):
         dtype: torch.dtype | None = None,
     ) -> KVCache:
         """A KV cache for latent cells of ``latent_hw``; ``static``: the preallocated-buffer one
-        (``causal.StaticKVCache``, deploy / CUDA graphs) for activations of ``device``/``dtype``
+        (``kv_cache.StaticKVCache``, deploy / CUDA graphs) for activations of ``device``/``dtype``
         (default: the model's)."""
         lh, lw = int(latent_hw[0]), int(latent_hw[1])
         ph, pw = self.patch_size[1], self.patch_size[2]

@@ -7,7 +7,7 @@ each on a fresh batch and a fresh no-grad rollout, then one generator update: tw
 phases (train.denoiser.Phase), whose micro-step bookkeeping (batches, seeded draws, backward,
 optimizer steps, sums) is the shared step's. This file holds the losses, the rollout and the scoring.
 
-Self-rollout (the deploy runtime's code: models.causal.CausalStreamer, the 4-step consistency
+Self-rollout (the deploy runtime's code: models.sampler.CausalStreamer, the 4-step consistency
 sampler with the commit at t = 0; deploy forces the exit step to the last under no_grad):
 1 + N cells, N + 1 drawn in min_cells..max_cells and one exit step e on rank 0 and broadcast, so
 every rank makes the same forwards (FSDP gathers in each). Cell 0 is the real clean anchor z0;
@@ -151,8 +151,8 @@ class Stage3Run(CausalRun):
         self, samples: list[TrainingSample], cells: int, exit_step: int, gen: torch.Generator, grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
         """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys."""
-        from gc25d_core.models.causal import CausalStreamer
         from gc25d_core.models.gcdit import GcDiT, TextContext
+        from gc25d_core.models.sampler import CausalStreamer
 
         horizon = self.section.grad_horizon
         for s in samples:

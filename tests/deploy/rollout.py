@@ -12,8 +12,8 @@ from gc25d_core.compat import import_diffsynth
 import_diffsynth()
 
 from gc25d_core.flow import DEPLOY_AXIS  # noqa: E402
-from gc25d_core.models.causal import CausalStreamer  # noqa: E402
 from gc25d_core.models.gcdit import TextContext  # noqa: E402
+from gc25d_core.models.sampler import CausalStreamer  # noqa: E402
 from gc25d_core.models.sem_cond import cell_frame_slice  # noqa: E402
 from tests.models.tiny import LATENT_HW, TEXT_DIM, TEXT_LEN, random_ids  # noqa: E402
 

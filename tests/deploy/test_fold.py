@@ -31,7 +31,7 @@ def test_folded_commit_equals_the_separate_commit(spec):
 
 
 def test_fold_refuses_grad_and_a_wrong_cell():
-    from gc25d_core.models.causal import FoldedCommit, denoise_cell
+    from gc25d_core.models.sampler import FoldedCommit, denoise_cell
 
     model = make_model(seed=0)
     cache = model.new_kv_cache(DEPLOY_CAUSAL, LATENT_HW)

@@ -10,8 +10,9 @@ import torch
 
 from gc25d_core.deploy.runtime import RuntimeOptions, load_deploy_model
 from gc25d_core.deploy.session import open_session
-from gc25d_core.models.causal import KVCache, query_time_position, rope_time_positions
+from gc25d_core.models.causal import query_time_position, rope_time_positions
 from gc25d_core.models.export import ExportError
+from gc25d_core.models.kv_cache import KVCache
 
 WALK = np.array([1, 0, 0, 0, 0], np.uint8)
 RIGHT = np.array([4, 1, 0, 0, 0], np.uint8)

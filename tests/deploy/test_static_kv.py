@@ -12,8 +12,10 @@ from gc25d_core.compat import import_diffsynth
 import_diffsynth()
 
 from gc25d_core.flow import DEPLOY_AXIS  # noqa: E402
-from gc25d_core.models.causal import CausalStreamer, GraphedKVForward, StaticKVCache  # noqa: E402
 from gc25d_core.models.configs import DEPLOY_CAUSAL, CausalConfig  # noqa: E402
+from gc25d_core.models.kv_cache import StaticKVCache  # noqa: E402
+from gc25d_core.models.kv_graphs import GraphedKVForward  # noqa: E402
+from gc25d_core.models.sampler import CausalStreamer  # noqa: E402
 from tests.deploy.rollout import streamed_rollout  # noqa: E402
 from tests.models.tiny import LATENT_HW, make_model  # noqa: E402
 

@@ -9,16 +9,15 @@ import torch
 
 from gc25d_core.models.causal import (
     cell_mask,
-    denoise_cell,
     full_sequence_mask,
     group_mask,
-    kv_rollout,
     query_time_position,
     rope_time_positions,
     visible,
 )
 from gc25d_core.models.configs import DEPLOY_CAUSAL, FULL_CAUSAL, CausalConfig
 from gc25d_core.models.gcdit import TextContext
+from gc25d_core.models.sampler import denoise_cell, kv_rollout
 from gc25d_core.models.sem_cond import cell_frame_slice
 
 from .tiny import LATENT_HW, kv_cell_output, make_inputs, make_model, random_ids

@@ -71,7 +71,7 @@ def test_cuda_compiled_flex_matches_sdpa(cuda_model, options):
 
 
 def test_cuda_bf16_rollout_runs(cuda_model):
-    from gc25d_core.models.causal import kv_rollout
+    from gc25d_core.models.sampler import kv_rollout
 
     model = make_model(seed=4).cuda().to(torch.bfloat16)
     latents, context, ids = _cuda(*make_inputs(23, seed=2, per_cell_text=False))

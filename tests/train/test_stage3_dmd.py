@@ -162,7 +162,7 @@ def test_the_scored_clip_starts_with_the_real_anchor(built):
 
 def test_the_rollout_equals_the_deploy_rollout_with_the_last_exit_step(built):
     """exit step = the last, no grad: the stage's rollout is kv_rollout, the deploy path."""
-    from gc25d_core.models.causal import kv_rollout
+    from gc25d_core.models.sampler import kv_rollout
     from gc25d_core.train.inputs import to_device
 
     run, cells = built, 24
