@@ -30,6 +30,18 @@ def emit(**kw: Any) -> None:
     print(json.dumps(kw), flush=True)
 
 
+def stop_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """End a process started in its own session: SIGTERM to its group, SIGKILL ``grace_s`` later."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def torchrun(
     nproc: int, args: list[str], log: Path, env: dict[str, str], timeout: float | None = None
 ) -> tuple[int, float]:
@@ -46,12 +58,7 @@ def torchrun(
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc, 30)
             rc = 124
     return rc, time.perf_counter() - t0
 

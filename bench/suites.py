@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
-from bench.common import ROOT
+from bench.common import ROOT, stop_group
 
 PY = "{python}"  # the interpreter that runs the suite
 ENV = {
@@ -191,14 +190,7 @@ class _Running:
 
 
 def _end_group(proc: subprocess.Popen[str]) -> int:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=KILL_GRACE_S)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_group(proc, KILL_GRACE_S)
     return 124
 
 

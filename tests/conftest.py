@@ -125,3 +125,14 @@ def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> TinyRaw:
 def mini_world(tmp_path_factory: pytest.TempPathFactory) -> MiniWorld:
     """One code-world run with cond, meta and cond_ext built (tests/canvas_fixtures.py)."""
     return build_mini_world(tmp_path_factory.mktemp("mini_world"))
+
+
+@pytest.fixture
+def one_thread():
+    """Multi-threaded CPU kernels are not bitwise reproducible run to run (torchrun sets 1 thread)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

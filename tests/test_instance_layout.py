@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from bench.common import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_MISMATCH = "does not match the virtual environment"
@@ -105,12 +106,7 @@ def test_make_dev_prints_no_warning_and_keeps_state_beside_dagster_yaml(checkout
             if "Launching Dagster services" in line or time.monotonic() > deadline:
                 break
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 60)
     out = "".join(lines)
     assert "Launching Dagster services" in out, out
     for warning in (VENV_MISMATCH, SHADOWED, NO_INSTANCE):

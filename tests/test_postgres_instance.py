@@ -3,7 +3,6 @@ a sensor tick of the daemon land in its run, event-log and schedule storage."""
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import stop_group
 from tests.services import PG_DSN, ensure_service, postgres_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,9 +88,4 @@ def test_a_run_and_a_sensor_tick_land_in_postgres(tmp_path, database):
         assert {kind for _, kind, _ in ticks} == {"SENSOR"}
         assert any(status in ("SKIPPED", "SUCCESS") for _, _, status in ticks), ticks
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait(timeout=10)
+        stop_group(daemon, 30)

@@ -9,9 +9,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-import torch
-
 from gc25d_core.config import (
     DEFAULT_TEXT_DIR,
     REPO_ROOT,
@@ -59,14 +56,6 @@ def test_a_stage_asset_names_its_handoff_as_the_runs_root_is_configured():
     absolute = Path(os.path.abspath("outputs/tiny")) / "sft" / "v000001" / "teacher.json"
     assert as_configured(absolute, Path("outputs/tiny")) == Path("outputs/tiny/sft/v000001/teacher.json")
     assert as_configured(Path("/r/sft/v1/teacher.json"), Path("/r")) == Path("/r/sft/v1/teacher.json")
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_a_moved_runs_root_resumes_plays_and_evaluates(tmp_path, monkeypatch, capsys, one_thread):

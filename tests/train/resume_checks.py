@@ -18,6 +18,21 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMING_KEYS = ("samples_per_s", "eta_s")  # and every "*_s" key: wall-clock seconds
 
 
+def small_sft(steps: int, state_every: int, val_every: int) -> dict[str, Any]:
+    """An SFT section of a 2-layer width-96 model on the torch engine, states every ``state_every``
+    steps and no exports: the resume / lock tests' run, short enough for CI."""
+    return {
+        "engine": "torch",
+        "max_steps": steps,
+        "state_every": state_every,
+        "export_every": 100,
+        "export_final": False,
+        "data": {"num_workers": 0},
+        "val": {"every": val_every, "num_clips": 1},
+        "model": {"overrides": {"dim": 96, "ffn_dim": 256, "num_layers": 2}},
+    }
+
+
 def launch(
     argv: list[str], nproc: int, fault: str | None = None, timeout: float = 600, root: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:

@@ -18,21 +18,12 @@ from pathlib import Path
 import pytest
 
 from gc25d_core.run_lock import LOCK_NAME, RunFolderLock, RunFolderLocked
-from tests.train.resume_checks import ROOT, records
+from tests.train.resume_checks import ROOT, records, small_sft
 from tests.train.world import sft_world, write_config
 
 STEPS = 12
 # DDP on CPU: long enough for the two launches to overlap, short enough for CI
-SFT = {
-    "engine": "torch",
-    "max_steps": STEPS,
-    "state_every": 6,
-    "export_every": 100,
-    "export_final": False,
-    "data": {"num_workers": 0},
-    "val": {"every": 100, "num_clips": 1},
-    "model": {"overrides": {"dim": 96, "ffn_dim": 256, "num_layers": 2}},
-}
+SFT = small_sft(STEPS, 6, 100)
 
 
 def _env() -> dict[str, str]:

@@ -17,20 +17,11 @@ import torch
 from gc25d_core.checkpoint import StateFileError
 from gc25d_core.report import StdoutReporter
 from gc25d_core.train.loop import run_stage
-from tests.train.resume_checks import assert_same_tensors, records
+from tests.train.resume_checks import assert_same_tensors, records, small_sft
 from tests.train.world import sft_world
 
 STEPS = 6
-SFT = {
-    "engine": "torch",
-    "max_steps": STEPS,
-    "state_every": 2,
-    "export_every": 100,
-    "export_final": False,
-    "data": {"num_workers": 0},
-    "val": {"every": 3, "num_clips": 1},
-    "model": {"overrides": {"dim": 96, "ffn_dim": 256, "num_layers": 2}},
-}
+SFT = small_sft(STEPS, 2, 3)
 NEWEST, OLDER = "step-000004", "step-000002"
 
 
