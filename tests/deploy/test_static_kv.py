@@ -105,8 +105,9 @@ def test_cuda_session_replays_graphs_from_cell_1_with_the_exact_latents(tiny_exp
         return torch.cat(lat, dim=2), s.runtime, before
 
     exact, _, _ = run()
-    graphed, rt, before = run(cuda_graphs=True)
-    assert rt.graphed is not None and rt.graphed.disabled is None
-    assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
-    assert rt.graphed.replays - before == 5 * len(blocks)  # 4 denoise + 1 commit per cell, from cell 1
-    assert torch.equal(graphed, exact)
+    for defer in (False, True):  # the commit before the decode, or after it (the CLI's default)
+        graphed, rt, before = run(cuda_graphs=True, defer_commit=defer)
+        assert rt.graphed is not None and rt.graphed.disabled is None
+        assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
+        assert rt.graphed.replays - before == 5 * len(blocks)  # 4 denoise + 1 commit per cell, from cell 1
+        assert torch.equal(graphed, exact)

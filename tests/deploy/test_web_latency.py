@@ -66,3 +66,30 @@ def test_event_numbers_are_positive_ints():
     assert event_id({"id": 7}) == 7
     assert event_id({"keys": []}) is None
     assert event_id({"id": True}) is None and event_id({"id": "3"}) is None and event_id({"id": 0}) is None
+
+
+def test_the_pages_side_stream_switch_reaches_the_runtime(session):
+    """The page's switch ({"decode_stream": bool}) is applied to the session's runtime between
+    cells; a CPU session cannot decode on a second stream, so its next message says why and every
+    message reports the decode still on the main stream. A switch message leaves the held keys."""
+    app = create_app(session, host="127.0.0.1", port=PORT)
+    with (
+        TestClient(app, base_url=SERVED) as client,
+        client.websocket_connect(f"ws://127.0.0.1:{PORT}/ws", headers={"origin": SERVED}) as ws,
+    ):
+        anchor = json.loads(ws.receive_text())
+        assert anchor["decode_stream"] is False
+        ws.send_text(json.dumps({"keys": ["d"], "id": 1}))
+        _until_ack(ws, 1)
+        ws.send_text(json.dumps({"decode_stream": True}))
+        for _ in range(8):
+            m = json.loads(ws.receive_text())
+            assert m["decode_stream"] is False and m["key"] == "walk_right"
+            if "note" in m:
+                break
+        else:
+            raise AssertionError("the switch never reached the runtime")
+        assert "decode_stream needs a CUDA device" in m["note"]
+        assert not session.runtime.options.decode_stream
+        nxt = json.loads(ws.receive_text())
+        assert "note" not in nxt and nxt["key"] == "walk_right"  # said once
