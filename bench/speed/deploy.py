@@ -38,8 +38,9 @@ first forward), defer (the commit run after the cell's decode, not waited for), 
 reduce-overhead), best (compile + fold + vae_bf16_stream), static (preallocated KV), graphs (CUDA
 graphs of the forwards), graphs_vae (graphs + bf16 lean decode: --cuda-graphs --fast-decode),
 graphs_all (that + the decode's CUDA graph), graphs_all_defer (that + the commit run after the
-decode, not waited for: the CLI's default on CUDA), graphs_all_defer_stream (that + the side-stream
-decode: the page's switch on), graphs_vae_stream (graphs_vae, decode on the side stream), ... A lever
+decode, not waited for: the CLI's default on CUDA), graphs_all_fold (graphs_all with the commit
+folded into the next cell's first forward, graphed per fill level), graphs_all_defer_stream
+(graphs_all_defer + the side-stream decode: the page's switch on), graphs_vae_stream (graphs_vae, decode on the side stream), ... A lever
 that fails
 records its error. Real time is <= 0.25 s per cell (16 fps), the goal <= 0.125 s.
 
@@ -82,15 +83,16 @@ LEVERS = (
     "graphs_all_stream",
     "graphs_all_defer",
     "graphs_all_defer_stream",
+    "graphs_all_fold",
     "graphs_compile",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
 CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
 # the live loop's default comparison: the exact path, the CLI's fast path (graphs_all_defer), the
-# former one (graphs_all: the commit before the decode), and the CLI's path with the page's
-# side-stream decode switched on
-LOOP_LEVERS = ("exact", "graphs_all_defer", "graphs_all", "graphs_all_defer_stream")
+# former one (graphs_all: the commit before the decode), that with the commit folded into the next
+# cell's first forward under the graphs, and the CLI's path with the page's side-stream decode on
+LOOP_LEVERS = ("exact", "graphs_all_defer", "graphs_all_fold", "graphs_all", "graphs_all_defer_stream")
 BUDGET_S = 0.25  # one cell = 4 frames at 16 fps
 
 
@@ -165,6 +167,13 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "decode_graph": True,
             "decode_dtype": "bf16",
             "defer_commit": True,
+        },
+        "graphs_all_fold": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+            "fold_commit": True,
         },
         "graphs_all_defer_stream": {
             "cuda_graphs": True,

@@ -144,7 +144,7 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         fold_commit=args.fold_commit,
         defer_commit=args.defer_commit or (fast and not args.fold_commit),
         compile=args.compile,
-        cuda_graphs=args.cuda_graphs or (fast and not args.fold_commit),  # a fold needs the KVCache
+        cuda_graphs=args.cuda_graphs or fast,
         decode_dtype="bf16" if decode_fast else "fp32",
         decode_fast=decode_fast,
         decode_stream=args.decode_stream,

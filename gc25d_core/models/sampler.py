@@ -140,14 +140,12 @@ class CausalStreamer:
         ``fold_commit`` (deploy, no grad): each cell's commit runs inside the next cell's first
         forward (4 forwards per cell instead of 5); the last cell's commit stays pending.
         ``static_kv`` (deploy, no grad, batch 1): the preallocated ``StaticKVCache`` (same results;
-        what ``GraphedKVForward`` replays against).
+        what ``GraphedKVForward`` replays against, the fold included).
         ``defer_commit`` (deploy, no grad): ``step`` returns the cell denoised and leaves its commit
         forward to ``commit()`` — the runtime calls it after the cell's decode, so the frames are
         not held behind it and the host's next world step overlaps it on the device — or to the
         next ``step``, which runs a pending commit first. The same forwards on the same inputs in
         the same order on the cache: the same latents as committing at once."""
-        if fold_commit and static_kv:
-            raise ValueError("fold_commit and static_kv do not combine (the static cache has no fold)")
         if fold_commit and defer_commit:
             raise ValueError("fold_commit and defer_commit do not combine (the commit goes one way)")
         self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)

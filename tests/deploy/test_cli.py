@@ -114,7 +114,7 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
     assert stream.decode_stream and not stream.decode_graph  # the pair is not measured
     assert opts("--decode-graph", cuda=False).decode_graph
     folded = opts("--fold-commit", cuda=True)
-    assert not folded.cuda_graphs and not folded.defer_commit  # a fold runs on the KVCache
+    assert folded.cuda_graphs and not folded.defer_commit  # the fold graphed per fill level
     assert opts("--defer-commit", cuda=False).defer_commit
     with pytest.raises(ValueError, match="--fold-commit contradicts --defer-commit"):
         opts("--fold-commit", "--defer-commit", cuda=True)

@@ -45,8 +45,6 @@ def test_static_cache_steady_only_at_a_full_window_past_the_cap():
     model = make_model(seed=0)
     _, cache = streamed_rollout(model, DEPLOY_CAUSAL, 12, static_kv=True)
     assert not cache.steady(12)  # 12 cached cells < 19, positions still absolute
-    with pytest.raises(NotImplementedError):
-        cache.begin_fold(12)
 
 
 def test_graph_runner_falls_back_to_eager_on_a_cpu():
@@ -59,10 +57,8 @@ def test_graph_runner_falls_back_to_eager_on_a_cpu():
     assert runner.replays == 0 and runner.disabled is None
 
 
-def test_static_cache_refuses_fold_with_it_and_no_window():
+def test_static_cache_refuses_no_window():
     model = make_model(seed=0)
-    with pytest.raises(ValueError, match="fold_commit and static_kv"):
-        CausalStreamer(model, DEPLOY_CAUSAL, DEPLOY_AXIS.timesteps, fold_commit=True, static_kv=True)
     with pytest.raises(ValueError, match="window"):
         model.new_kv_cache(CausalConfig(sink=0, window=None, rope_cap=None), LATENT_HW, static=True)
 
