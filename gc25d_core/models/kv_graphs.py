@@ -117,10 +117,10 @@ class GraphedKVForward:
     def _capture(self, fn: Callable[[], Any], keep: StaticKVCache | None = None) -> tuple[Any, Any]:
         """``keep``: a cache the body rewrites in place (a fold compacts and rotates it): each
         warm-up run starts from its buffers as they were, and so does the first replay."""
-        saved = []
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         if keep is not None:
-            saved = [b for bufs in (keep.k_raw, keep.k_rot, keep.v_buf) for b in bufs if b is not None]
-            saved = [(b, b.clone()) for b in saved]
+            bufs = [b for kind in (keep.k_raw, keep.k_rot, keep.v_buf) for b in kind if b is not None]
+            saved = [(b, b.clone()) for b in bufs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
@@ -188,7 +188,12 @@ class GraphedKVForward:
     def _rotation(self, cache: StaticKVCache, fill: int) -> None:
         """The cached keys rotated for a new query cell (a graph per fill level)."""
         if fill not in self._rotate:
-            self._rotate[fill], _ = self._capture(lambda: cache.rotate() or torch.empty(0))
+
+            def rotate() -> torch.Tensor:
+                cache.rotate()
+                return torch.empty(0)
+
+            self._rotate[fill], _ = self._capture(rotate)
         self._rotate[fill].replay()
 
     def _replay_fold(self, latent, timestep, text, sem_ids, cache, cell, fold) -> torch.Tensor:
