@@ -130,13 +130,19 @@ class KVCache:
         exactly what its own forward would: ``cell`` the cache as it is, ``cell + 1`` the cache after
         the commit (evicted for it, with ``cell`` itself), each rotated for its own query cell."""
         self.begin(cell)
-        nxt = cell + 1
+        kept = self._fold_kept(cell)
+        self._fold = {"cells": kept, "slots": [self.cells.index(c) for c in kept[:-1]], "rot": {}}
+
+    def _fold_kept(self, cell: int) -> list[int]:
+        """The cells ``cell + 1`` sees once ``cell`` is committed (``cell`` last)."""
         after = [*self.cells, cell]
-        keep = visible(nxt, torch.tensor(after), self.spec).tolist()
+        keep = visible(cell + 1, torch.tensor(after), self.spec).tolist()
         kept = [c for c, k in zip(after, keep, strict=True) if k]
         if kept[-1] != cell:
-            raise RuntimeError(f"cell {nxt} cannot see cell {cell}: the window must be at least 2 to fold")
-        self._fold = {"cells": kept, "slots": [self.cells.index(c) for c in kept[:-1]], "rot": {}}
+            raise RuntimeError(
+                f"cell {cell + 1} cannot see cell {cell}: the window must be at least 2 to fold"
+            )
+        return kept
 
     def _fold_freqs(self, rope: RopeTable) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         fold = self._fold
@@ -377,11 +383,8 @@ class StaticKVCache(KVCache):
         tables for it, in static buffers (``cos_qn`` / ``sin_qn`` / ``cos_kn`` / ``sin_kn``)."""
         self.begin(cell, rotate=rotate)
         nxt = cell + 1
+        kept = self._fold_kept(cell)
         after = [*self.cells, cell]
-        keep = visible(nxt, torch.tensor(after), self.spec).tolist()
-        kept = [c for c, k in zip(after, keep, strict=True) if k]
-        if kept[-1] != cell:
-            raise RuntimeError(f"cell {nxt} cannot see cell {cell}: the window must be at least 2 to fold")
         self._fold = {"cells": kept, "slots": tuple(after.index(c) for c in kept)}
         h, w = self.grid_hw
         cos_q, sin_q = self.rope.token_freqs(torch.tensor([query_time_position(nxt, self.spec)]), h, w)

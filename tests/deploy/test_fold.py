@@ -90,29 +90,20 @@ def test_cuda_fold_replays_graphs_from_cell_1(tiny_export, deploy_cfg):
     graph captured at load (4 per cell: the first commits the previous cell), with the eager
     fold's latents on the same buffers bit for bit; against the exact path the fold's linear
     layers run over two cells (other GEMM shapes), so the latents agree within bf16 rounding."""
-    import numpy as np
-
-    from gc25d_core.deploy.runtime import RuntimeOptions
-    from gc25d_core.deploy.session import open_session
+    from tests.deploy.rollout import cuda_session_cells
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    rng = np.random.default_rng(0)
-    blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(26)]
+    cells = 26
 
-    def run(**opts):
-        s = open_session(tiny_export, deploy_cfg, device="cuda", options=RuntimeOptions(decode=False, **opts))
-        s.start()
-        before = s.runtime.graphed.replays if s.runtime.graphed is not None else 0
-        lat = [s.step(b).out.latent.float().cpu() for b in blocks]
-        return torch.cat(lat, dim=2), s.runtime, before
-
-    exact, _, _ = run()
-    eager_fold, _, _ = run(static_kv=True, fold_commit=True)
-    graphed, rt, before = run(cuda_graphs=True, fold_commit=True)
+    exact, _, _ = cuda_session_cells(tiny_export, deploy_cfg, cells)
+    eager_fold, _, _ = cuda_session_cells(tiny_export, deploy_cfg, cells, static_kv=True, fold_commit=True)
+    graphed, rt, before = cuda_session_cells(
+        tiny_export, deploy_cfg, cells, cuda_graphs=True, fold_commit=True
+    )
     assert rt.graphed is not None and rt.graphed.disabled is None
-    assert rt.graphed.replays - before == 4 * len(blocks)
+    assert rt.graphed.replays - before == 4 * cells
     assert torch.equal(graphed, eager_fold)
     diff, scale = float((graphed - exact).abs().max()), float(exact.abs().max())
-    print(f"fold vs exact over {len(blocks)} cells: max abs diff {diff:.3g} (max |x0| {scale:.3g})")
+    print(f"fold vs exact over {cells} cells: max abs diff {diff:.3g} (max |x0| {scale:.3g})")
     assert diff <= 0.05 * scale, f"fold vs exact: max abs diff {diff} against max |x0| {scale}"

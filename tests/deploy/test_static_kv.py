@@ -83,27 +83,18 @@ def test_cuda_session_replays_graphs_from_cell_1_with_the_exact_latents(tiny_exp
     """On CUDA a session with cuda_graphs replays a captured graph for every forward of every cell
     from cell 1 (the warm-up at load captured every window fill level) and gives the exact path's
     latents, bit for bit, past a full window and the RoPE cap."""
-    import numpy as np
-
-    from gc25d_core.deploy.runtime import RuntimeOptions
-    from gc25d_core.deploy.session import open_session
+    from tests.deploy.rollout import cuda_session_cells
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    rng = np.random.default_rng(0)
-    blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(26)]
+    cells = 26
 
-    def run(**opts):
-        s = open_session(tiny_export, deploy_cfg, device="cuda", options=RuntimeOptions(decode=False, **opts))
-        s.start()
-        before = s.runtime.graphed.replays if s.runtime.graphed is not None else 0
-        lat = [s.step(b).out.latent.float().cpu() for b in blocks]
-        return torch.cat(lat, dim=2), s.runtime, before
-
-    exact, _, _ = run()
+    exact, _, _ = cuda_session_cells(tiny_export, deploy_cfg, cells)
     for defer in (False, True):  # the commit before the decode, or after it (the CLI's default)
-        graphed, rt, before = run(cuda_graphs=True, defer_commit=defer)
+        graphed, rt, before = cuda_session_cells(
+            tiny_export, deploy_cfg, cells, cuda_graphs=True, defer_commit=defer
+        )
         assert rt.graphed is not None and rt.graphed.disabled is None
         assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
-        assert rt.graphed.replays - before == 5 * len(blocks)  # 4 denoise + 1 commit per cell, from cell 1
+        assert rt.graphed.replays - before == 5 * cells  # 4 denoise + 1 commit per cell, from cell 1
         assert torch.equal(graphed, exact)
