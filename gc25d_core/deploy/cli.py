@@ -258,14 +258,14 @@ def serve_app(args: argparse.Namespace, session: Any):
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from gc25d_core.deploy.web import allowed_hosts, allowed_origins
+    from gc25d_core.deploy.web import allowed_hosts, allowed_origins, server_config
 
     # a bad --allow-* fails before the model loads
     allowed_origins(allowed_hosts(args.host, args.allow_host), args.port, args.allow_origin)
     session, _, what = open_from_args(args)
     app = serve_app(args, session)
     print(f"deploy serve: {what} on http://{args.host}:{args.port}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(server_config(app, args.host, args.port)).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,6 +106,16 @@ def cell_message(
     )
 
 
+def server_config(app: Any, host: str, port: int) -> Any:
+    """uvicorn's settings for the page. No per-message deflate: a cell's message is about a
+    megabyte of base64 JPEG / PNG that deflate shrinks only by the base64 overhead, for tens of
+    milliseconds of zlib on each side (2.2 MB: 0.21 s at level 6 on one core here), all of it on
+    every key's way to the screen."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", ws_per_message_deflate=False)
+
+
 def switch_stream(runtime: Any, on: bool | None) -> str | None:
     """The page's side-stream decode switch applied to ``runtime`` (between cells); None, or why
     it cannot be (e.g. no CUDA device: the session keeps decoding on its one stream)."""
@@ -308,15 +318,17 @@ def create_app(
         async with lock:
             held: list[str] = []
             received = 0  # the newest key event number received
+            arrived = 0.0  # when it arrived
             stream: bool | None = None  # the page's side-stream decode switch, once touched
 
             async def receive() -> None:
-                nonlocal held, received, stream
+                nonlocal held, received, arrived, stream
                 while True:
                     msg = json.loads(await socket.receive_text())
                     if "keys" in msg:
                         held = [str(k) for k in msg.get("keys", [])][:16]
-                        received = max(received, event_id(msg) or 0)
+                        if (event_id(msg) or 0) > received:
+                            received, arrived = event_id(msg) or 0, time.perf_counter()
                     if isinstance(msg.get("decode_stream"), bool):
                         stream = msg["decode_stream"]
 
@@ -353,21 +365,32 @@ def create_app(
                 await socket.send_text(text)
                 next_at = time.perf_counter()
                 taken = 0
+                encoded = 0.0
                 while not reader.done():
                     block = keys_to_block(held)
+                    t_take = time.perf_counter()
                     event, taken = (received if received > taken else None), received
+                    queued = t_take - arrived if event is not None else None
                     out, note = await asyncio.to_thread(step, block, stream)
                     if note:  # said once; the switch stays where the session is
                         stream = None
                     waiting.append((event, lambda out=out: out.ids))
+                    t_frames = time.perf_counter()
+                    # where a key's way to the screen goes, server side: queued (its arrival to its
+                    # block's take), step (the take to the frames on the host), encode_prev (the
+                    # previous message's encode: this one's is not done while it is built)
+                    times = {**out.out.times.as_dict(), "step": t_frames - t_take, "encode_prev": encoded}
+                    if queued is not None:
+                        times["queued"] = queued
                     text = await asyncio.to_thread(
                         message,
                         out.cell,
                         out.key,
                         out.out.frames,
-                        out.out.times.as_dict(),
+                        times,
                         **({"note": note} if note else {}),
                     )
+                    encoded = time.perf_counter() - t_frames
                     await socket.send_text(text)
                     next_at = max(next_at + CELL_S, time.perf_counter() - CELL_S)  # content rate
                     await asyncio.sleep(max(0.0, next_at - time.perf_counter()))

@@ -106,3 +106,5 @@ def test_bench_deploy_serve_cpu_tiny_times_key_events_to_their_frames(tmp_path):
     lat = serve["latency_s"]
     assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["max"] < 30
     assert serve["messages"] >= 2 and serve["mean_message_bytes"] > 0
+    server = serve["server_p50_s"]  # where the time goes on the server
+    assert server["step"] > 0 and server["queued"] >= 0 and server["encode_prev"] >= 0

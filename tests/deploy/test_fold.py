@@ -88,8 +88,9 @@ def test_a_cpu_session_with_graphs_and_the_fold_gives_the_unfolded_latents(tiny_
 def test_cuda_fold_replays_graphs_from_cell_1(tiny_export, deploy_cfg):
     """On CUDA with cuda_graphs + fold_commit every forward of every cell from cell 1 replays a
     graph captured at load (4 per cell: the first commits the previous cell), with the eager
-    fold's latents on the same buffers bit for bit; against the exact path the fold's linear
-    layers run over two cells (other GEMM shapes), so the latents agree within bf16 rounding."""
+    fold's latents on the same buffers bit for bit — and the exact path's: the fold's linear
+    layers run over two cells (other GEMM shapes), yet on the H200 each row came out the same
+    (2026-12-02: max abs diff 0.0 here and over 42 full-size cells in bench/speed/deploy.py)."""
     from tests.deploy.rollout import cuda_session_cells
 
     if not torch.cuda.is_available():
@@ -106,4 +107,4 @@ def test_cuda_fold_replays_graphs_from_cell_1(tiny_export, deploy_cfg):
     assert torch.equal(graphed, eager_fold)
     diff, scale = float((graphed - exact).abs().max()), float(exact.abs().max())
     print(f"fold vs exact over {cells} cells: max abs diff {diff:.3g} (max |x0| {scale:.3g})")
-    assert diff <= 0.05 * scale, f"fold vs exact: max abs diff {diff} against max |x0| {scale}"
+    assert diff == 0.0, f"fold vs exact: max abs diff {diff} against max |x0| {scale}"

@@ -33,18 +33,11 @@ def server(tiny_export, deploy_cfg):
 
     from gc25d_core.deploy.runtime import RuntimeOptions
     from gc25d_core.deploy.session import open_session
-    from gc25d_core.deploy.web import create_app
+    from gc25d_core.deploy.web import create_app, server_config
 
     session = open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu")
     port = _free_port()
-    srv = uvicorn.Server(
-        uvicorn.Config(
-            create_app(session, host="127.0.0.1", port=port),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
+    srv = uvicorn.Server(server_config(create_app(session, host="127.0.0.1", port=port), "127.0.0.1", port))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.time() + 20

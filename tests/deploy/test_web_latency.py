@@ -93,3 +93,31 @@ def test_the_pages_side_stream_switch_reaches_the_runtime(session):
         assert not session.runtime.options.decode_stream
         nxt = json.loads(ws.receive_text())
         assert "note" not in nxt and nxt["key"] == "walk_right"  # said once
+
+
+def test_serve_sends_cells_without_per_message_deflate(session):
+    """``serve``'s uvicorn settings (``web.server_config``) turn the WebSocket's per-message deflate
+    off: a client that offers it (browsers and ``websockets`` do) gets the cells uncompressed."""
+    import threading
+
+    import uvicorn
+    from websockets.sync.client import connect
+
+    from gc25d_core.deploy.web import server_config
+    from tests.launch_helpers import free_port, wait_for
+
+    port = free_port()
+    server = uvicorn.Server(
+        server_config(create_app(session, host="127.0.0.1", port=port), "127.0.0.1", port)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for("the server", lambda: server.started, timeout_s=20, every_s=0.05)
+        with connect(f"ws://127.0.0.1:{port}/ws", max_size=None) as ws:
+            assert "permessage-deflate" in (ws.request.headers.get("Sec-WebSocket-Extensions") or "")
+            assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+            assert json.loads(ws.recv())["cell"] == 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
