@@ -417,6 +417,7 @@ class DeployRuntime:
         if self.timing:
             self.sync()
         t2 = time.perf_counter()
+        in_step = self.forward.times["commit"]  # the forwards before t1 (host time is what is left)
         # deferred: the commit is queued behind the decode and not waited for — the frames go
         # now, the next cell's first device sync (its ids) waits for it
         self.streamer.commit()
@@ -428,6 +429,6 @@ class DeployRuntime:
         times.forwards = list(self.forward.each)
         times.decode = t2 - t1
         times.total = time.perf_counter() - t0 + world_s
-        times.host = max(0.0, (t1 - t0) - times.upload - times.denoise - times.commit) if self.timing else 0.0
+        times.host = max(0.0, (t1 - t0) - times.upload - times.denoise - in_step) if self.timing else 0.0
         self.cell += 1
         return CellOut(self.cell - 1, frames, x0, times)

@@ -70,6 +70,18 @@ def test_a_deferred_commit_session_gives_the_exact_sessions_latents_and_frames(t
     assert np.array_equal(frames_d, frames)
 
 
+def test_a_timed_deferred_commit_is_the_commit_part_not_taken_from_the_host_part(tiny_export, deploy_cfg):
+    s = open_session(
+        tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(decode=False, defer_commit=True)
+    )
+    s.runtime.timing = True
+    s.start()
+    for _ in range(3):
+        t = s.step(np.array([1, 0, 0, 0, 0], np.uint8)).out.times
+        assert t.commit > 0 and t.host > 0 and len(t.forwards) == 5
+        assert t.total >= t.denoise + t.commit + t.decode
+
+
 def test_the_side_stream_switch_needs_a_cuda_device(tiny_export, deploy_cfg):
     s = open_session(tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(decode=False))
     with pytest.raises(ValueError, match="decode_stream needs a CUDA device"):
