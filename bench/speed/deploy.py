@@ -9,7 +9,8 @@ cell, per lever in the same run, the exact path first (the oracle):
   warmup_s    the runtime and world built, frame 0 rendered and encoded (LiveSession.prepare: frame 0, the world's compile)
   start_s     session start: the anchor prefilled (and decoded)
   first_frame_s  session start → the first generated frame on the host
-  cell_s      per-cell wall of every cell from cell 1 (p50 / p90 / p99 / max, cells over 0.25 s)
+  cell_s      per-cell wall of every cell from cell 1 (p50 / p90 / p99 / max, cells over 0.25 s):
+              from the previous cell's frames on the host to this one's (cell 1: from its step)
   parts_s     a second session with per-part synchronised timing: world (sim + ids on the device),
               upload, denoise, commit, decode, host — each p50 / p90 / p99 / max
   vs_exact    max |x0 - x0_exact| over every cell (same seed, same actions)
@@ -33,11 +34,14 @@ first to reflect it (p50 / p90 / p99 / max). ``--url ws://host:port/ws`` measure
 Random weights of the real classes (full: Wan2.2-TI2V-5B GcDiT bf16 + the full VAE38; tiny: the CPU
 test models), the real runtime (gc25d_core.deploy.runtime.DeployRuntime: the code a session runs).
 Levers: compile (fused RMSNorm + torch.compile'd blocks), fold (commit folded into the next cell's
-first forward), vae_bf16_stream (bf16 decode on a second CUDA stream), cudagraphs (compile mode
+first forward), defer (the commit run after the cell's decode, not waited for), vae_bf16_stream (bf16 decode on a second CUDA stream), cudagraphs (compile mode
 reduce-overhead), best (compile + fold + vae_bf16_stream), static (preallocated KV), graphs (CUDA
 graphs of the forwards), graphs_vae (graphs + bf16 lean decode: --cuda-graphs --fast-decode),
-graphs_all (that + the decode's CUDA graph: the CLI's default on CUDA), graphs_vae_stream (graphs_vae,
-decode on the side stream), ... A lever that fails
+graphs_all (that + the decode's CUDA graph), graphs_all_defer (that + the commit run after the
+decode, not waited for: the CLI's default on CUDA), graphs_all_fold (graphs_all with the commit
+folded into the next cell's first forward, graphed per fill level), graphs_all_defer_stream
+(graphs_all_defer + the side-stream decode: the page's switch on), graphs_vae_stream (graphs_vae, decode on the side stream), ... A lever
+that fails
 records its error. Real time is <= 0.25 s per cell (16 fps), the goal <= 0.125 s.
 
     python -m bench.speed.deploy --device cuda --dims full                   # the H200 live loop (< 9 min)
@@ -66,6 +70,7 @@ LEVERS = (
     "exact",
     "compile",
     "fold",
+    "defer",
     "vae_bf16_stream",
     "cudagraphs",
     "best",
@@ -76,14 +81,18 @@ LEVERS = (
     "graphs_fast",
     "graphs_all",
     "graphs_all_stream",
+    "graphs_all_defer",
+    "graphs_all_defer_stream",
+    "graphs_all_fold",
     "graphs_compile",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
-CPU_LEVERS = ("exact", "fold", "vae_bf16_stream", "static")
+CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
 CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
-# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all), that without
-# the decode graph, and graphs_vae with the side-stream decode
-LOOP_LEVERS = ("exact", "graphs_all", "graphs_vae", "graphs_vae_stream")
+# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all_defer), the
+# former one (graphs_all: the commit before the decode), that with the commit folded into the next
+# cell's first forward under the graphs, and the CLI's path with the page's side-stream decode on
+LOOP_LEVERS = ("exact", "graphs_all_defer", "graphs_all_fold", "graphs_all", "graphs_all_defer_stream")
 BUDGET_S = 0.25  # one cell = 4 frames at 16 fps
 
 
@@ -129,6 +138,7 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         "exact": {},
         "compile": {"compile": True, "fused_rmsnorm": True},
         "fold": {"fold_commit": True},
+        "defer": {"defer_commit": True},
         "vae_bf16_stream": stream,
         "cudagraphs": {"compile": True, "fused_rmsnorm": True, "compile_mode": "reduce-overhead"},
         "best": {"compile": True, "fused_rmsnorm": True, "fold_commit": True, **stream},
@@ -151,6 +161,27 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             **stream,
         },
         "graphs_all_stream": {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, **stream},
+        "graphs_all_defer": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+            "defer_commit": True,
+        },
+        "graphs_all_fold": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+            "fold_commit": True,
+        },
+        "graphs_all_defer_stream": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "defer_commit": True,
+            **stream,
+        },
     }
     return options[name]
 
@@ -366,17 +397,21 @@ class Bench:
         first_frame: float | None = None
         limit = a.max_exact_s if name == "exact" and a.max_exact_s is not None else a.max_lever_s
         deadline = time.perf_counter() + limit
+        t0 = time.perf_counter()
         for i, block in enumerate(self.blocks):
-            t0 = time.perf_counter()
             o = session.step(block)
             for f in o.out.frames:  # the frames are on the host: the cell is done
                 assert f.dtype == np.uint8
             t1 = time.perf_counter()
+            # the loop's period (frames to frames): what a cell leaves in flight on the device (a
+            # deferred commit) is paid in the next one, whose first sync waits for it
             walls.append(t1 - t0)
+            t0 = t1
             frames_out += len(o.out.frames)
             if first_frame is None and frames_out > 1:  # past the anchor's frame
                 first_frame = t1 - t_start
-            latents.append(o.out.latent.float().cpu())
+            # kept on the device: a copy to the host here would wait for that in-flight work
+            latents.append(o.out.latent.detach().clone())
             if check and i < a.world_check:
                 self.world_ids.append(o.ids)
             if time.perf_counter() > deadline:
@@ -385,6 +420,7 @@ class Bench:
         rest = rt.flush()
         if first_frame is None and rest:
             first_frame = time.perf_counter() - t_start
+        latents = [x.float().cpu() for x in latents]
         out["first_frame_s"] = first_frame
         out["cell_s"] = tail_stats(walls)
         out["first_cells_s"] = walls[:5]
@@ -456,7 +492,7 @@ class Bench:
 
         from gc25d_core.deploy.runtime import DeployRuntime, RuntimeOptions
         from gc25d_core.deploy.session import LiveSession
-        from gc25d_core.deploy.web import create_app
+        from gc25d_core.deploy.web import create_app, server_config
         from gc25d_core.deploy.world import LiveWorld, WorldConfig
 
         reset_model(self.model)
@@ -471,7 +507,7 @@ class Bench:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         app = create_app(session, host="127.0.0.1", port=port)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        server = uvicorn.Server(server_config(app, "127.0.0.1", port))  # serve's own settings
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.time() + 30
@@ -625,6 +661,7 @@ async def ws_latency(
     sent: dict[int, float] = {}
     got: dict[int, float] = {}
     seen = {"messages": 0, "bytes": 0}
+    server: dict[str, list[float]] = {"queued": [], "step": [], "encode_prev": []}  # the server's own times
     first_cell = asyncio.Event()
     done = asyncio.Event()
     async with websockets.connect(url, max_size=None) as ws:
@@ -639,6 +676,9 @@ async def ws_latency(
                 seen["bytes"] += len(text)
                 if m.get("cell", 0) >= 1:
                     first_cell.set()
+                    for k, xs in server.items():
+                        if isinstance(m.get("times", {}).get(k), float) and (k != "queued" or sent):
+                            xs.append(m["times"][k])
                 for ack in m.get("acks", []):
                     for n, t0 in sent.items():
                         if n <= ack["event"] and n not in got:
@@ -675,6 +715,9 @@ async def ws_latency(
             "mean": float(xs.mean()),
         },
         "within_0.4s_p50": float(np.percentile(xs, 50)) <= 0.4,
+        # where it goes on the server (p50, s): an event's wait for its block's take, the take to
+        # the frames on the host, the message's encode; the rest is the socket and the client
+        "server_p50_s": {k: float(np.percentile(v, 50)) if v else None for k, v in server.items()},
         "messages": seen["messages"],
         "mean_message_bytes": seen["bytes"] / max(1, seen["messages"]),
     }
@@ -753,7 +796,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--serve-lever",
         default=None,
-        help="the play server's lever (default: graphs_all on cuda, the CLI's; exact on cpu)",
+        help="the play server's lever, or a comma list measured one after another (default: "
+        "graphs_all_defer on cuda, the CLI's; exact on cpu)",
     )
     p.add_argument(
         "--url",
@@ -813,9 +857,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.write_text(json.dumps(result))
         return result
     args.events = args.events if args.events is not None else (60 if args.mode == "serve" else 0)
-    args.serve_lever = args.serve_lever or ("graphs_all" if args.device == "cuda" else "exact")
-    if args.serve_lever not in LEVERS:
-        p.error(f"unknown --serve-lever {args.serve_lever}; known: {list(LEVERS)}")
+    args.serve_lever = args.serve_lever or ("graphs_all_defer" if args.device == "cuda" else "exact")
+    args.serve_levers = [x for x in args.serve_lever.split(",") if x]
+    for name in args.serve_levers:
+        if name not in LEVERS:
+            p.error(f"unknown --serve-lever {name}; known: {list(LEVERS)}")
     loop = args.mode != "steady"
     args.cells = args.cells if args.cells is not None else (240 if loop else 100)
     args.parts = args.parts if args.parts is not None else (60 if loop else 8)
@@ -862,7 +908,7 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
     result["mode"] = args.mode
     if args.mode == "serve":
         result["load_s"] = bench.build_s
-        result["serve"] = bench.serve_latency(args.serve_lever, args.events)
+        serve_levers(args, bench, result)
         result["wall_s"] = time.perf_counter() - t0
         return result
     if args.mode == "loop":
@@ -910,6 +956,24 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
     return result
 
 
+def serve_levers(args: argparse.Namespace, bench: Bench, result: dict[str, Any]) -> None:
+    """Action-to-photon of each ``--serve-lever``: ``serve`` is the first's, ``serve_by_lever`` all."""
+    by_lever: dict[str, Any] = {}
+    for name in args.serve_levers:
+        try:
+            by_lever[name] = bench.serve_latency(name, args.events)
+        except Exception as e:
+            by_lever[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+            reset_model(bench.model)
+        print(f"[bench] serve {name}: {by_lever[name].get('latency_s')}", file=sys.stderr, flush=True)
+        result["serve"] = by_lever[args.serve_levers[0]]
+        if len(args.serve_levers) > 1:
+            result["serve_by_lever"] = by_lever
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
+
+
 def run_loop(
     args: argparse.Namespace, chosen: list[str], bench: Bench, result: dict[str, Any], t0: float
 ) -> dict[str, Any]:
@@ -921,14 +985,7 @@ def run_loop(
         "distinct_blocks": len({b.tobytes() for b in bench.blocks}),
     }
     if args.events:  # action-to-photon through the play server, before the levers (one model)
-        try:
-            result["serve"] = bench.serve_latency(args.serve_lever, args.events)
-        except Exception as e:
-            result["serve"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
-        print(f"[bench] serve: {result['serve'].get('latency_s')}", file=sys.stderr, flush=True)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
+        serve_levers(args, bench, result)
     for name in chosen:
         try:
             result["levers"][name] = bench.run_loop(name)

@@ -58,7 +58,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decode-stream",
         action="store_true",
-        help="decode on a second CUDA stream while the next cell denoises (frames one cell later)",
+        help="decode on a second CUDA stream while the next cell denoises (frames one cell later; "
+        "serve: the page's switch starts in this state)",
+    )
+    p.add_argument(
+        "--defer-commit",
+        action="store_true",
+        help="run each cell's commit after its decode, not waited for (the same latents, the frames "
+        "one commit sooner; default on CUDA)",
     )
 
 
@@ -117,21 +124,27 @@ def session_device(device: str | None, preset_device: str) -> str:
 
 def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     """The session's options: on CUDA the fast path (CUDA graphs of every cell + the lean bf16
-    decode + its CUDA graph, bench/speed/deploy.py's lever graphs_all: the exact path's latents, the
-    whole-loop figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
+    decode + its CUDA graph + the commit deferred past the decode, bench/speed/deploy.py's lever
+    graphs_all_defer: the exact path's latents, the whole-loop figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
     The side-stream decode runs without the decode graph unless ``--decode-graph`` asks for it
     (the pair is not measured)."""
-    if args.exact and (args.cuda_graphs or args.fast_decode or args.decode_stream or args.decode_graph):
+    if args.exact and (
+        args.cuda_graphs or args.fast_decode or args.decode_stream or args.decode_graph or args.defer_commit
+    ):
         raise ValueError(
-            "--exact contradicts --cuda-graphs / --fast-decode / --decode-graph / --decode-stream"
+            "--exact contradicts --cuda-graphs / --fast-decode / --decode-graph / --decode-stream / "
+            "--defer-commit"
         )
+    if args.fold_commit and args.defer_commit:
+        raise ValueError("--fold-commit contradicts --defer-commit (the commit goes one way)")
     fast = cuda and not args.exact
     decode_fast = args.fast_decode or fast
     return RuntimeOptions(
         seed=args.seed,
         fold_commit=args.fold_commit,
+        defer_commit=args.defer_commit or (fast and not args.fold_commit),
         compile=args.compile,
-        cuda_graphs=args.cuda_graphs or (fast and not args.fold_commit),  # a fold needs the KVCache
+        cuda_graphs=args.cuda_graphs or fast,
         decode_dtype="bf16" if decode_fast else "fp32",
         decode_fast=decode_fast,
         decode_stream=args.decode_stream,
@@ -245,14 +258,14 @@ def serve_app(args: argparse.Namespace, session: Any):
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from gc25d_core.deploy.web import allowed_hosts, allowed_origins
+    from gc25d_core.deploy.web import allowed_hosts, allowed_origins, server_config
 
     # a bad --allow-* fails before the model loads
     allowed_origins(allowed_hosts(args.host, args.allow_host), args.port, args.allow_origin)
     session, _, what = open_from_args(args)
     app = serve_app(args, session)
     print(f"deploy serve: {what} on http://{args.host}:{args.port}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(server_config(app, args.host, args.port)).run()
 
 
 def main(argv: list[str] | None = None) -> int:

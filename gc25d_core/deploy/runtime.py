@@ -9,7 +9,8 @@ Per cell the shared 4-step sampler runs (``models.sampler.CausalStreamer`` / ``d
 cap, the commit at t = 0 into the cache; then ``StreamingDecoder`` decodes the cell's 4 frames.
 Noise comes from one generator seeded per session, so a seed and a block sequence give the same
 frames. Options (each measured against this exact path by bench/speed/deploy.py): ``fold_commit`` (the
-commit rides on the next cell's first forward), ``compile`` (torch.compile of the block body),
+commit rides on the next cell's first forward), ``defer_commit`` (the commit runs after the cell's
+decode and is not waited for: the same latents, the frames one commit sooner), ``compile`` (torch.compile of the block body),
 ``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
 second CUDA stream while cell k + 1 denoises; frames then come out one cell later).
 """
@@ -40,6 +41,10 @@ DEPLOY_STEPS = 4
 class RuntimeOptions(Strict):
     seed: int = Field(default=0, description="noise seed of the session")
     fold_commit: bool = Field(default=False, description="commit cell k inside cell k+1's first forward")
+    defer_commit: bool = Field(
+        default=False,
+        description="commit cell k after its decode, not waited for (its frames first; the same latents)",
+    )
     compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
     compile_mode: str | None = Field(
         default=None,
@@ -213,9 +218,8 @@ class DeployRuntime:
 
             self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
         self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda)
-        if opts.decode_stream and not self.cuda:
-            raise ValueError("decode_stream needs a CUDA device (a second stream)")
-        self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None
+        self.decode_stream: torch.cuda.Stream | None = None
+        self.set_decode_stream(opts.decode_stream)
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
         self._rotate_fn: Any = None
         self.graphed: GraphedKVForward | None = None
@@ -234,6 +238,7 @@ class DeployRuntime:
             forward=self.forward,
             fold_commit=opts.fold_commit,
             static_kv=opts.static_kv or opts.cuda_graphs,
+            defer_commit=opts.defer_commit,
         )
         self.generator = torch.Generator(self.device).manual_seed(opts.seed)
         self.timing = False
@@ -300,17 +305,31 @@ class DeployRuntime:
             check_ids(a.cpu().numpy(), self.meta.vocab, "cell ids")  # raises, naming the values
         return a
 
+    def set_decode_stream(self, on: bool) -> None:
+        """The side-stream decode on or off, also mid-session (the page's switch): switched off,
+        the cell in flight on the side stream comes out with the next cell's frames."""
+        if on and not self.cuda:
+            raise ValueError(
+                f"decode_stream needs a CUDA device (a second stream); the session runs on {self.device}"
+            )
+        if on and self.decode_stream is None:
+            self.decode_stream = torch.cuda.Stream(self.device)
+        elif not on:
+            self.decode_stream = None
+        if self.options.decode_stream != on:
+            self.options = self.options.model_copy(update={"decode_stream": on})
+
     def _decode(self, z: torch.Tensor) -> list[np.ndarray]:
         """Frames ready now (in cell order): this cell's, or with the side stream the previous one's."""
         from gc25d_core.models.vae import video_to_frames
 
         if not self.options.decode:
             return []
-        if self.decode_stream is None:
-            return [video_to_frames(self.decoder.push(z)[0].clamp_(-1, 1))]
         out = []
         if self._pending_decode is not None:
             out.append(self._resolve())
+        if self.decode_stream is None:
+            return [*out, video_to_frames(self.decoder.push(z)[0].clamp_(-1, 1))]
         self.decode_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.decode_stream):
             video = self.decoder.push(z)[0].clamp_(-1, 1)
@@ -398,13 +417,18 @@ class DeployRuntime:
         if self.timing:
             self.sync()
         t2 = time.perf_counter()
+        in_step = self.forward.times["commit"]  # the forwards before t1 (host time is what is left)
+        # deferred: the commit is queued behind the decode and not waited for — the frames go
+        # now, the next cell's first device sync (its ids) waits for it
+        self.streamer.commit()
         if self.timing:
+            self.sync()
             times.denoise, times.commit = self.forward.times["denoise"], self.forward.times["commit"]
         else:  # forwards not timed one by one: the whole denoise + commit as denoise
             times.denoise = t1 - t0
         times.forwards = list(self.forward.each)
         times.decode = t2 - t1
-        times.total = t2 - t0 + world_s
-        times.host = max(0.0, (t1 - t0) - times.upload - times.denoise - times.commit) if self.timing else 0.0
+        times.total = time.perf_counter() - t0 + world_s
+        times.host = max(0.0, (t1 - t0) - times.upload - times.denoise - in_step) if self.timing else 0.0
         self.cell += 1
         return CellOut(self.cell - 1, frames, x0, times)

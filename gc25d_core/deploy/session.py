@@ -42,15 +42,32 @@ class StepOut:
     cell: int
     block: np.ndarray
     key: str
-    cond: np.ndarray | torch.Tensor  # uint8 [4, H, W] the cell's condition, where the world made it
+    cond: np.ndarray | torch.Tensor  # uint8 [4, H, W] the cell's condition (host, or on its way there)
     out: CellOut
+    ready: Any = None  # the CUDA event after which ``cond``, a pinned host copy, is filled
 
     @property
     def ids(self) -> np.ndarray:
-        """The condition on the host (copied from the device on first use: the page shows it)."""
+        """The condition on the host (the page shows it)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
         if isinstance(self.cond, torch.Tensor):
             self.cond = self.cond.cpu().numpy()
         return self.cond
+
+
+def host_copy(ids: np.ndarray | torch.Tensor) -> tuple[np.ndarray | torch.Tensor, Any]:
+    """Ids rendered on a GPU start their way to the host now, queued right behind their render:
+    a copy asked for later would queue behind the cell's work — and behind a deferred commit,
+    which would hold the cell's message back by that commit. (host tensor, its CUDA event)."""
+    if not isinstance(ids, torch.Tensor) or not ids.is_cuda:
+        return ids, None
+    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+    host.copy_(ids, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(ids.device))
+    return host, done
 
 
 class LiveSession:
@@ -94,8 +111,9 @@ class LiveSession:
         if self.runtime.timing:  # the world's device work counted as the world's, not the denoise's
             self.runtime.sync()
         world_s = time.perf_counter() - t0
+        cond, ready = host_copy(ids4)
         out = self.runtime.step(ids4, key, world_s=world_s)
-        return StepOut(out.cell, block.astype(np.uint8), key, ids4, out)
+        return StepOut(out.cell, block.astype(np.uint8), key, cond, out, ready)
 
 
 def open_session(

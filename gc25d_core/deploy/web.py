@@ -4,7 +4,9 @@
 the held keys change (``actions.keys_to_block``; ``id`` numbers the key events, increasing), the
 server starts a session per connection and sends one JSON message per cell: its frames (JPEG) and
 ids (colour-coded PNG) as base64, the prompt key, the cell's times (world, denoise, commit, decode,
-total) and ``acks``: ``[{"frame": i, "event": n}]`` where frame ``i`` of the message is the first
+total), ``decode_stream`` (whether the side-stream decode is on; the page's switch sends
+``{"decode_stream": true|false}``, applied between cells — a session that cannot adds ``note``:
+why) and ``acks``: ``[{"frame": i, "event": n}]`` where frame ``i`` of the message is the first
 frame that reflects key event ``n`` (and every event before it) — the first frame of the first
 cell whose action block was taken after the event arrived (with the side-stream decode that cell's
 frames come one message later, and the tag travels with them). The server sends at the content
@@ -77,9 +79,11 @@ def cell_message(
     key: str,
     clips: list[tuple[np.ndarray, np.ndarray, int | None]],
     times: dict[str, float],
+    **extra: Any,
 ) -> str:
     """One message: the decoded ``clips`` in order, each (frames RGB uint8 [T, H, W, 3], the ids
-    of its cell [>= T, H, W], the key event its first frame is the first to reflect, or None)."""
+    of its cell [>= T, H, W], the key event its first frame is the first to reflect, or None);
+    ``extra``: more fields (the session's state, e.g. ``decode_stream``)."""
     frames: list[Future[str]] = []
     ids: list[Future[str]] = []
     acks: list[dict[str, int]] = []
@@ -97,8 +101,31 @@ def cell_message(
             "ids": [i.result() for i in ids],
             "acks": acks,
             "times": times,
+            **extra,
         }
     )
+
+
+def server_config(app: Any, host: str, port: int) -> Any:
+    """uvicorn's settings for the page. No per-message deflate: a cell's message is about a
+    megabyte of base64 JPEG / PNG that deflate shrinks only by the base64 overhead, for tens of
+    milliseconds of zlib on each side (2.2 MB: 0.21 s at level 6 on one core here), all of it on
+    every key's way to the screen."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", ws_per_message_deflate=False)
+
+
+def switch_stream(runtime: Any, on: bool | None) -> str | None:
+    """The page's side-stream decode switch applied to ``runtime`` (between cells); None, or why
+    it cannot be (e.g. no CUDA device: the session keeps decoding on its one stream)."""
+    if on is None or on == runtime.options.decode_stream:
+        return None
+    try:
+        runtime.set_decode_stream(on)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def event_id(msg: dict[str, Any]) -> int | None:
@@ -124,6 +151,8 @@ PAGE = """<!doctype html>
  <span>decode <b id="decode">-</b> ms</span> <span>buffer <b id="buffer">0</b></span>
  <span>key&rarr;photon last <b id="photon">-</b> ms</span> <span>p50 <b id="photon_p50">-</b> ms</span>
  <span>over <b id="photon_n">0</b> keys</span>
+ <span><label><input type="checkbox" id="stream"> side-stream decode</label> (now <b id="decode_mode">-</b>)</span>
+ <span id="note"></span>
 </div>
 <p><kbd>W</kbd><kbd>A</kbd><kbd>S</kbd><kbd>D</kbd> move, <kbd>Shift</kbd> run, <kbd>J</kbd>/<kbd>K</kbd> light/heavy
 attack, <kbd>L</kbd> dodge, <kbd>Space</kbd> jump, <kbd>G</kbd> guard.</p>
@@ -149,6 +178,12 @@ const onScreen = (event) => {  // the tagged frame is shown now: every event up 
   $("photon_n").textContent = answered;
 };
 ws.onopen = () => { $("status").textContent = "live"; send(); };
+// the side-stream decode (frames one cell later, the next cell's denoise overlapping the decode)
+let switched = false;
+$("stream").addEventListener("change", () => {
+  switched = true;
+  if (ws.readyState === 1) ws.send(JSON.stringify({decode_stream: $("stream").checked}));
+});
 ws.onclose = () => { $("status").textContent = "closed"; };
 ws.onmessage = (ev) => {
   const m = JSON.parse(ev.data);
@@ -160,6 +195,11 @@ ws.onmessage = (ev) => {
     if (tag !== undefined) queue[0][2] = Math.max(tag, queue[0][2] ?? 0);
   }
   $("cell").textContent = m.cell; $("key").textContent = m.key;
+  if (m.decode_stream !== undefined) {
+    if (!switched) $("stream").checked = m.decode_stream;  // the server's state until the user switches
+    $("decode_mode").textContent = m.decode_stream ? "side stream" : "main stream";
+  }
+  if (m.note) $("note").textContent = m.note;
   const t = m.times;
   $("latency").textContent = (1000 * t.total).toFixed(1);
   $("denoise").textContent = (1000 * (t.denoise + t.commit)).toFixed(1);
@@ -278,13 +318,19 @@ def create_app(
         async with lock:
             held: list[str] = []
             received = 0  # the newest key event number received
+            arrived = 0.0  # when it arrived
+            stream: bool | None = None  # the page's side-stream decode switch, once touched
 
             async def receive() -> None:
-                nonlocal held, received
+                nonlocal held, received, arrived, stream
                 while True:
                     msg = json.loads(await socket.receive_text())
-                    held = [str(k) for k in msg.get("keys", [])][:16]
-                    received = max(received, event_id(msg) or 0)
+                    if "keys" in msg:
+                        held = [str(k) for k in msg.get("keys", [])][:16]
+                        if (event_id(msg) or 0) > received:
+                            received, arrived = event_id(msg) or 0, time.perf_counter()
+                    if isinstance(msg.get("decode_stream"), bool):
+                        stream = msg["decode_stream"]
 
             reader = asyncio.create_task(receive())
             try:
@@ -301,25 +347,50 @@ def create_app(
                 # first to reflect, its ids) — the side-stream decode hands frames out a cell late
                 waiting: deque[tuple[int | None, Any]] = deque([(None, lambda: session.ids0)])
 
-                def message(cell: int, key: str, clips: list[np.ndarray], times: dict[str, float]) -> str:
+                def message(
+                    cell: int, key: str, clips: list[np.ndarray], times: dict[str, float], **extra: Any
+                ) -> str:
                     tagged = []
                     for rgb in clips:
                         event, ids = waiting.popleft()
                         tagged.append((rgb, ids(), event))
-                    return cell_message(cell, key, tagged, times)
+                    state = {"decode_stream": session.runtime.options.decode_stream}
+                    return cell_message(cell, key, tagged, times, **state, **extra)
+
+                def step(block: np.ndarray, stream: bool | None) -> tuple[Any, str | None]:
+                    note = switch_stream(session.runtime, stream)  # between cells, in the cells' thread
+                    return session.step(block), note
 
                 text = await asyncio.to_thread(message, 0, "anchor", frames0, zero)
                 await socket.send_text(text)
                 next_at = time.perf_counter()
                 taken = 0
+                encoded = 0.0
                 while not reader.done():
                     block = keys_to_block(held)
+                    t_take = time.perf_counter()
                     event, taken = (received if received > taken else None), received
-                    out = await asyncio.to_thread(session.step, block)
+                    queued = t_take - arrived if event is not None else None
+                    out, note = await asyncio.to_thread(step, block, stream)
+                    if note:  # said once; the switch stays where the session is
+                        stream = None
                     waiting.append((event, lambda out=out: out.ids))
+                    t_frames = time.perf_counter()
+                    # where a key's way to the screen goes, server side: queued (its arrival to its
+                    # block's take), step (the take to the frames on the host), encode_prev (the
+                    # previous message's encode: this one's is not done while it is built)
+                    times = {**out.out.times.as_dict(), "step": t_frames - t_take, "encode_prev": encoded}
+                    if queued is not None:
+                        times["queued"] = queued
                     text = await asyncio.to_thread(
-                        message, out.cell, out.key, out.out.frames, out.out.times.as_dict()
+                        message,
+                        out.cell,
+                        out.key,
+                        out.out.frames,
+                        times,
+                        **({"note": note} if note else {}),
                     )
+                    encoded = time.perf_counter() - t_frames
                     await socket.send_text(text)
                     next_at = max(next_at + CELL_S, time.perf_counter() - CELL_S)  # content rate
                     await asyncio.sleep(max(0.0, next_at - time.perf_counter()))

@@ -730,8 +730,20 @@ class GcDiT(WanModel):
         returns the velocity of cell k + 1 (what a commit forward then a kv forward give)."""
         if fold.cell != cell - 1:
             raise ValueError(f"a fold carries the previous cell: got cell {fold.cell} for {cell}")
+        cache.begin_fold(fold.cell)
+        try:
+            out = self.kv_fold_body(latent, timestep, text, sem_ids, cache, fold)
+        except BaseException:
+            cache.end(commit=False)
+            raise
+        cache.end_fold()
+        return out
+
+    def kv_fold_body(self, latent, timestep, text, sem_ids, cache, fold) -> torch.Tensor:
+        """The fold's pass between ``cache.begin_fold`` and ``cache.end_fold`` (no host syncs with
+        ``timestep`` a device tensor and views of one text bank: what a CUDA graph captures)."""
         xa, grid = self.embed_latents(fold.x0, self.encode_sem(fold.sem_ids, None, first_cell=fold.cell))
-        xb, grid_b = self.embed_latents(latent, self.encode_sem(sem_ids, None, first_cell=cell))
+        xb, grid_b = self.embed_latents(latent, self.encode_sem(sem_ids, None, first_cell=fold.cell + 1))
         f, h, w = grid
         if f != 1 or grid_b != grid:
             raise ValueError(f"a fold takes one cell each, got grids {grid} and {grid_b}")
@@ -747,11 +759,5 @@ class GcDiT(WanModel):
             raise ValueError("a fold needs each cell's own context (TextContext.select(index[:, i:i+1]))")
         rope = self.rope_table(xb.device, xb.dtype)
         n = h * w
-        cache.begin_fold(fold.cell)
-        try:
-            x = self.run_blocks(torch.cat([xa, xb], dim=1), texts, t_mod, KVFoldAttention(cache, rope))
-        except BaseException:
-            cache.end(commit=False)
-            raise
-        cache.end_fold()
+        x = self.run_blocks(torch.cat([xa, xb], dim=1), texts, t_mod, KVFoldAttention(cache, rope))
         return self._out(x[:, n:], t[:, n:], grid)

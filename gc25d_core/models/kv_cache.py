@@ -130,13 +130,19 @@ class KVCache:
         exactly what its own forward would: ``cell`` the cache as it is, ``cell + 1`` the cache after
         the commit (evicted for it, with ``cell`` itself), each rotated for its own query cell."""
         self.begin(cell)
-        nxt = cell + 1
+        kept = self._fold_kept(cell)
+        self._fold = {"cells": kept, "slots": [self.cells.index(c) for c in kept[:-1]], "rot": {}}
+
+    def _fold_kept(self, cell: int) -> list[int]:
+        """The cells ``cell + 1`` sees once ``cell`` is committed (``cell`` last)."""
         after = [*self.cells, cell]
-        keep = visible(nxt, torch.tensor(after), self.spec).tolist()
+        keep = visible(cell + 1, torch.tensor(after), self.spec).tolist()
         kept = [c for c, k in zip(after, keep, strict=True) if k]
         if kept[-1] != cell:
-            raise RuntimeError(f"cell {nxt} cannot see cell {cell}: the window must be at least 2 to fold")
-        self._fold = {"cells": kept, "slots": [self.cells.index(c) for c in kept[:-1]], "rot": {}}
+            raise RuntimeError(
+                f"cell {cell + 1} cannot see cell {cell}: the window must be at least 2 to fold"
+            )
+        return kept
 
     def _fold_freqs(self, rope: RopeTable) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         fold = self._fold
@@ -205,7 +211,7 @@ class StaticKVCache(KVCache):
     cell order). The cached keys are rotated once per query cell in ``begin`` (``rotate``), from
     static cos/sin buffers. At a full window past the RoPE cap every shape and every rotation table
     is the same from cell to cell (``steady``), so a forward can be captured once and replayed.
-    No folded commit, no grad (deploy)."""
+    The folded commit works on the buffers in place (``begin_fold``). No grad (deploy)."""
 
     def __init__(
         self,
@@ -227,6 +233,11 @@ class StaticKVCache(KVCache):
         self.sin_q: torch.Tensor | None = None
         self.cos_k: torch.Tensor | None = None
         self.sin_k: torch.Tensor | None = None
+        # the folded commit's tables of cell k + 1 (query, kept cells): ``begin_fold``
+        self.cos_qn: torch.Tensor | None = None
+        self.sin_qn: torch.Tensor | None = None
+        self.cos_kn: torch.Tensor | None = None
+        self.sin_kn: torch.Tensor | None = None
         self._rotated_for: int | None = None
         self._gather: dict[tuple[int, ...], torch.Tensor] = {}
         self._tables: tuple[int, tuple[int, ...]] | None = None
@@ -283,14 +294,18 @@ class StaticKVCache(KVCache):
         if slots and slots != tuple(range(len(slots))):
             for bufs in (self.k_raw, self.v_buf):
                 for buf in bufs:
-                    if buf is None:
-                        continue
-                    if slots not in self._gather:
-                        idx = torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots])
-                        self._gather[slots] = idx.to(buf.device)
-                    buf[:, : len(slots) * n].copy_(buf.index_select(1, self._gather[slots]))
+                    if buf is not None:
+                        buf[:, : len(slots) * n].copy_(buf.index_select(1, self._gather_index(slots, buf)))
         self.cells = keep
         self._rotated_for = None
+
+    def _gather_index(self, slots: tuple[int, ...], buf: torch.Tensor) -> torch.Tensor:
+        """The token index of ``slots`` in cell order (the eviction's compaction), kept per slots."""
+        if slots not in self._gather:
+            n = self.tokens_per_cell
+            idx = torch.cat([torch.arange(s * n, (s + 1) * n) for s in slots])
+            self._gather[slots] = idx.to(buf.device)
+        return self._gather[slots]
 
     def _set_freqs(self, cell: int) -> None:
         h, w = self.grid_hw
@@ -360,8 +375,69 @@ class StaticKVCache(KVCache):
             self._pending[layer] = (k_raw, v_buf)
         return sdpa(qr, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
 
-    def begin_fold(self, cell: int) -> None:
-        raise NotImplementedError("the static KV cache has no folded commit (use KVCache)")
+    # -- the folded commit on the buffers (deploy; a CUDA graph per fill level: models.kv_graphs)
+
+    def begin_fold(self, cell: int, rotate: bool = True) -> None:
+        """``KVCache.begin_fold`` on the buffers: the cache as it is for ``cell`` (rotated for it),
+        and the plan of cell + 1's group — the slots it keeps after the commit and their RoPE
+        tables for it, in static buffers (``cos_qn`` / ``sin_qn`` / ``cos_kn`` / ``sin_kn``)."""
+        self.begin(cell, rotate=rotate)
+        nxt = cell + 1
+        kept = self._fold_kept(cell)
+        after = [*self.cells, cell]
+        self._fold = {"cells": kept, "slots": tuple(after.index(c) for c in kept)}
+        h, w = self.grid_hw
+        cos_q, sin_q = self.rope.token_freqs(torch.tensor([query_time_position(nxt, self.spec)]), h, w)
+        cos_k, sin_k = self.rope.token_freqs(rope_time_positions(torch.tensor(kept), nxt, self.spec), h, w)
+        if self.cos_qn is None or self.sin_qn is None or self.cos_kn is None or self.sin_kn is None:
+            full = ((self.slots + 1) * self.tokens_per_cell, cos_k.shape[1])
+            self.cos_qn, self.sin_qn = cos_q.clone(), sin_q.clone()
+            self.cos_kn = torch.zeros(full, dtype=cos_k.dtype, device=cos_k.device)
+            self.sin_kn = torch.zeros(full, dtype=sin_k.dtype, device=sin_k.device)
+        self.cos_qn.copy_(cos_q)
+        self.sin_qn.copy_(sin_q)
+        self.cos_kn[: cos_k.shape[0]].copy_(cos_k)
+        self.sin_kn[: sin_k.shape[0]].copy_(sin_k)
+
+    @torch.compiler.disable
+    def attend_fold(self, layer: int, q, k, v, rope: RopeTable) -> torch.Tensor:
+        """Cell k's group commits as its own commit forward would (slot ``len(cells)``); then the
+        buffers become what cell k + 1's forwards find after that commit — the kept slots
+        compacted in cell order (the eviction's gather), their keys rotated for k + 1 into
+        ``k_rot`` (the rotation its next forwards then skip) — and cell k + 1's group attends
+        there, as its first forward would. In place: a graph of it replays once per fold."""
+        n, h = self.tokens_per_cell, self.num_heads
+        out_a = self.attend(layer, q[:, :n], k[:, :n], v[:, :n], rope, commit=True)
+        k_raw, k_rot, v_buf = self.k_raw[layer], self.k_rot[layer], self.v_buf[layer]
+        assert k_raw is not None and k_rot is not None and v_buf is not None
+        assert self.cos_qn is not None and self.sin_qn is not None
+        assert self.cos_kn is not None and self.sin_kn is not None
+        slots: tuple[int, ...] = self._fold["slots"]
+        lo = len(slots) * n
+        if slots != tuple(range(len(slots))):
+            for buf in (k_raw, v_buf):
+                buf[:, :lo].copy_(buf.index_select(1, self._gather_index(slots, buf)))
+        fn = self.rotate_fn if lo == self.slots * n else apply_rope
+        k_rot[:, :lo].copy_(fn(k_raw[:, :lo], self.cos_kn[:lo], self.sin_kn[:lo], h))
+        qb = apply_rope(q[:, n:], self.cos_qn, self.sin_qn, h)
+        k_rot[:, lo : lo + n].copy_(apply_rope(k[:, n:], self.cos_qn, self.sin_qn, h))
+        v_buf[:, lo : lo + n].copy_(v[:, n:])
+        out_b = sdpa(qb, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
+        return torch.cat([out_a, out_b], dim=1)
+
+    def end_fold(self) -> None:
+        """Cell k committed (its slot compacted in by ``attend_fold``); the cache is cell k + 1's,
+        its keys already rotated for it."""
+        fold, cell = self._fold, self._cell
+        if cell is None or len(self._pending) != self.num_layers:
+            raise RuntimeError(
+                f"folded commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers"
+            )
+        self._pending.clear()
+        self.cells = list(fold["cells"])
+        self._cell = self._rotated_for = cell + 1
+        self._set_freqs(cell + 1)
+        self._fold = {}
 
     def end(self, commit: bool) -> None:
         """Finish the forward; a commit keeps the cell's slot and evicts for the next cell."""

@@ -25,8 +25,9 @@ class GraphedKVForward:
     (``torch.cuda.CUDAGraph`` over static inputs, all graphs in one memory pool: they replay one
     after another and every output is copied out at once) and replayed from then on, in every
     session on that cache (``CausalStreamer`` keeps it). ``DeployRuntime.warm_up`` captures them
-    all at load. Everything else (the anchor prefill, a fold, another cache, a CPU, grad) runs
-    the model eagerly.
+    all at load. The folded commit (``fold=``: cell k's commit in cell k + 1's first forward) is
+    captured the same way, per fill level (``_replay_fold``). Everything else (the anchor prefill,
+    another cache, a CPU, grad) runs the model eagerly.
     The graphs compute what the eager forward computes on the same buffers (tests/deploy checks
     the eager static path equals the KVCache one; bench/speed/deploy.py records the replay's error).
     A capture that fails turns the graphs off and says why (``disabled``)."""
@@ -51,7 +52,6 @@ class GraphedKVForward:
             and latent.is_cuda
             and not torch.is_grad_enabled()
             and isinstance(cache, StaticKVCache)
-            and kwargs.get("fold") is None
             and kwargs.get("sem_pooled") is None
             and cell >= 1  # the anchor prefill (one frame of ids) stays eager
             and cache.fill(cell) >= 1
@@ -74,7 +74,17 @@ class GraphedKVForward:
             return self._eager(latent, timestep, text, sem_ids, **kwargs)
         commit = bool(kwargs.get("commit", False))
         want_out = bool(kwargs.get("return_output", True))
+        fold = kwargs.get("fold")
+        if fold is not None and not (
+            isinstance(fold.text, TextContext)
+            and fold.text.raw is text.raw
+            and fold.text.num_groups == 1
+            and (fold.sem_ids is None) == (sem_ids is None)
+        ):
+            return self._eager(latent, timestep, text, sem_ids, **kwargs)
         try:
+            if fold is not None:
+                return self._replay_fold(latent, timestep, text, sem_ids, cache, cell, fold)
             return self._replay(latent, timestep, text, sem_ids, cache, cell, commit, want_out)
         except torch.cuda.OutOfMemoryError:
             raise
@@ -85,12 +95,16 @@ class GraphedKVForward:
             cache._rotated_for = None
             return self._eager(latent, timestep, text, sem_ids, **kwargs)
 
-    def _inputs(self, latent, timestep, text, sem_ids) -> None:
+    def _inputs(self, latent, timestep, text, sem_ids, fold: Any = None) -> None:
         st = self.static
         t = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).expand(latent.shape[0])
         new = {"x": latent, "t": t, "idx": text.index}
         if sem_ids is not None:
             new["sem"] = sem_ids
+        if fold is not None:  # the previous cell's clean x0, prompt and ids (the fold's commit)
+            new.update(x_prev=fold.x0, idx_prev=fold.text.index)
+            if fold.sem_ids is not None:
+                new["sem_prev"] = fold.sem_ids
         for name, value in new.items():
             if name not in st:
                 st[name] = torch.empty_like(value, device=latent.device)
@@ -100,13 +114,27 @@ class GraphedKVForward:
                 raise RuntimeError(f"graph input {name}: {tuple(value.shape)} {value.dtype} changed")
             st[name].copy_(value, non_blocking=True)
 
-    def _capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    def _capture(self, fn: Callable[[], Any], keep: StaticKVCache | None = None) -> tuple[Any, Any]:
+        """``keep``: a cache the body rewrites in place (a fold compacts and rotates it): each
+        warm-up run starts from its buffers as they were, and so does the first replay."""
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if keep is not None:
+            bufs = [b for kind in (keep.k_raw, keep.k_rot, keep.v_buf) for b in kind if b is not None]
+            saved = [(b, b.clone()) for b in bufs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up: kernels picked, workspaces allocated, memos filled
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: kernels picked, workspaces allocated, memos filled
+                    for buf, copy in saved:
+                        buf.copy_(copy)
+                    fn()
+        finally:  # also when a run fails: the eager fallback finds the cache as it was
+            with torch.cuda.stream(side):
+                for buf, copy in saved:
+                    buf.copy_(copy)
+            torch.cuda.current_stream().wait_stream(side)
+        del saved
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -134,9 +162,7 @@ class GraphedKVForward:
         cache.begin(cell, rotate=False)
         fill = len(cache.cells)
         if new_cell:
-            if fill not in self._rotate:
-                self._rotate[fill], _ = self._capture(lambda: cache.rotate() or torch.empty(0))
-            self._rotate[fill].replay()
+            self._rotation(cache, fill)
         self._inputs(latent, timestep, text, sem_ids)
         key = (fill, commit, sem_ids is None, want_out)
         if key not in self.graphs:
@@ -156,5 +182,54 @@ class GraphedKVForward:
         cache.end(commit)
         if not want_out:
             return None
+        assert out is not None
+        return out.clone()
+
+    def _rotation(self, cache: StaticKVCache, fill: int) -> None:
+        """The cached keys rotated for a new query cell (a graph per fill level)."""
+        if fill not in self._rotate:
+
+            def rotate() -> torch.Tensor:
+                cache.rotate()
+                return torch.empty(0)
+
+            self._rotate[fill], _ = self._capture(rotate)
+        self._rotate[fill].replay()
+
+    def _replay_fold(self, latent, timestep, text, sem_ids, cache, cell, fold) -> torch.Tensor:
+        """The folded forward (commit of ``fold.cell`` + the first denoise step of ``cell``): one
+        graph per (fill level, slots kept for ``cell``), replayed between the cache's host-side
+        ``begin_fold`` and ``end_fold``; the next forwards of ``cell`` find its keys rotated."""
+        from gc25d_core.models.gcdit import TextContext
+        from gc25d_core.models.sampler import FoldedCommit
+
+        if fold.cell != cell - 1:
+            raise ValueError(f"a fold carries the previous cell: got cell {fold.cell} for {cell}")
+        if self._cache is not cache:
+            self.reset()
+            self._cache = cache
+        new_cell = cache._rotated_for != fold.cell or cache._cell != fold.cell
+        cache.begin_fold(fold.cell, rotate=False)
+        fill = len(cache.cells)
+        if new_cell:
+            self._rotation(cache, fill)
+        self._inputs(latent, timestep, text, sem_ids, fold)
+        key = ("fold", fill, cache._fold["slots"], sem_ids is None)
+        if key not in self.graphs:
+            st = self.static
+            view = TextContext(text.raw, st["idx"], _shared=text._shared)
+            prev = TextContext(text.raw, st["idx_prev"], _shared=text._shared)
+            folded = FoldedCommit(fold.cell, st["x_prev"], prev, st.get("sem_prev"))
+
+            def body() -> torch.Tensor:
+                cache._pending.clear()
+                return self.model.kv_fold_body(st["x"], st["t"], view, st.get("sem"), cache, folded)
+
+            self.graphs[key] = self._capture(body, keep=cache)
+        graph, out = self.graphs[key]
+        graph.replay()
+        self.replays += 1
+        cache._pending = {layer: None for layer in range(cache.num_layers)}
+        cache.end_fold()
         assert out is not None
         return out.clone()

@@ -79,25 +79,39 @@ def denoise_cell(
             x = noise_at_sigma(x0, eps, axis_sigma(timesteps[k + 1])).detach()
     if not commit:
         return x0
-    with torch.no_grad():
-        v_commit = model(
-            x0.detach(),
-            0.0,
-            text,
-            sem_ids,
-            mode="kv",
-            cell=cell,
-            cache=cache,
-            commit=True,
-            return_output=record is not None,
-        )
+    v_commit = commit_cell(model, cache, cell, x0, text, sem_ids, return_output=record is not None)
     if record is not None:
         record.append({"cell": cell, "step": "commit", "x": x0.detach(), "t": 0.0, "v": v_commit})
     return x0
 
 
+@torch.no_grad()
+def commit_cell(
+    model: Callable[..., Any],
+    cache: KVCache,
+    cell: int,
+    x0: torch.Tensor,
+    text: TextContext,
+    sem_ids: torch.Tensor | None,
+    return_output: bool = False,
+) -> torch.Tensor | None:
+    """The commit forward: the cell's clean x0 at t=0 writes its K/V into the cache (no grad)."""
+    return model(
+        x0.detach(),
+        0.0,
+        text,
+        sem_ids,
+        mode="kv",
+        cell=cell,
+        cache=cache,
+        commit=True,
+        return_output=return_output,
+    )
+
+
 class FoldedCommit(NamedTuple):
-    """A cell denoised but not committed yet: its commit rides on the next cell's first forward."""
+    """A cell denoised but not committed yet: its commit rides on the next cell's first forward
+    (folded), or runs on its own later (``CausalStreamer.commit``, deferred)."""
 
     cell: int
     x0: torch.Tensor
@@ -118,6 +132,7 @@ class CausalStreamer:
         fold_commit: bool = False,
         static_kv: bool = False,
         checkpoint: bool = False,
+        defer_commit: bool = False,
     ):
         """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
         its shards there); default the model itself. The cache is always the model's.
@@ -125,17 +140,24 @@ class CausalStreamer:
         ``fold_commit`` (deploy, no grad): each cell's commit runs inside the next cell's first
         forward (4 forwards per cell instead of 5); the last cell's commit stays pending.
         ``static_kv`` (deploy, no grad, batch 1): the preallocated ``StaticKVCache`` (same results;
-        what ``GraphedKVForward`` replays against)."""
-        if fold_commit and static_kv:
-            raise ValueError("fold_commit and static_kv do not combine (the static cache has no fold)")
+        what ``GraphedKVForward`` replays against, the fold included).
+        ``defer_commit`` (deploy, no grad): ``step`` returns the cell denoised and leaves its commit
+        forward to ``commit()`` — the runtime calls it after the cell's decode, so the frames are
+        not held behind it and the host's next world step overlaps it on the device — or to the
+        next ``step``, which runs a pending commit first. The same forwards on the same inputs in
+        the same order on the cache: the same latents as committing at once."""
+        if fold_commit and defer_commit:
+            raise ValueError("fold_commit and defer_commit do not combine (the commit goes one way)")
         self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)
         self.forward = model if forward is None else forward
         self.fold_commit = fold_commit
         self.static_kv = static_kv
         self.checkpoint = checkpoint
+        self.defer_commit = defer_commit
         self.cache: KVCache | None = None
         self.next_cell = 0
         self.pending: FoldedCommit | None = None
+        self.deferred: FoldedCommit | None = None
 
     @torch.no_grad()
     def start(self, anchor: torch.Tensor, text: TextContext, sem_ids: torch.Tensor | None = None) -> None:
@@ -163,6 +185,14 @@ class CausalStreamer:
         self._cell_like = anchor
         self.next_cell = 1
         self.pending = None
+        self.deferred = None
+
+    def commit(self) -> None:
+        """Run the deferred commit of the last cell stepped, if one is pending (``defer_commit``)."""
+        p, self.deferred = self.deferred, None
+        if p is not None:
+            assert self.cache is not None
+            commit_cell(self.forward, self.cache, p.cell, p.x0, p.text, p.sem_ids)
 
     def step(
         self,
@@ -177,10 +207,13 @@ class CausalStreamer:
         """Denoise + commit the next cell (``kwargs``: noise, exit_step, grad of ``denoise_cell``)."""
         if self.cache is None:
             raise RuntimeError("CausalStreamer.step before start()")
+        self.commit()  # a deferred commit not run yet comes first: the cache must hold its cell
         if x_init is None:
             x_init = _noise_like(self._cell_like, generator)
         if self.fold_commit:
             kwargs.update(commit=False, fold=self.pending)
+        elif self.defer_commit:
+            kwargs.update(commit=False)
         x0 = denoise_cell(
             self.forward,
             self.cache,
@@ -196,6 +229,8 @@ class CausalStreamer:
         )
         if self.fold_commit:
             self.pending = FoldedCommit(self.next_cell, x0.detach(), text, sem_ids)
+        elif self.defer_commit:
+            self.deferred = FoldedCommit(self.next_cell, x0.detach(), text, sem_ids)
         self.next_cell += 1
         return x0
 

@@ -49,3 +49,21 @@ def streamed_rollout(
             assert p is not None and p.cell == num_cells - 1
             model(p.x0, 0.0, p.text, p.sem_ids, mode="kv", cell=p.cell, cache=streamer.cache, commit=True)
     return torch.cat(out, dim=2), streamer.cache
+
+
+def cuda_session_cells(export, cfg, num_cells: int = 26, **options: Any):
+    """A CUDA session of the tiny export (no decode) under ``num_cells`` seeded action blocks:
+    (x0 of every cell on the host, the runtime, its graph replays before the session's first
+    cell — what the load-time warm-up captured and replayed)."""
+    import numpy as np
+
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+
+    rng = np.random.default_rng(0)
+    blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(num_cells)]
+    s = open_session(export, cfg, device="cuda", options=RuntimeOptions(decode=False, **options))
+    s.start()
+    before = s.runtime.graphed.replays if s.runtime.graphed is not None else 0
+    lat = [s.step(b).out.latent.float().cpu() for b in blocks]
+    return torch.cat(lat, dim=2), s.runtime, before

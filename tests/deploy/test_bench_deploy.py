@@ -74,14 +74,14 @@ def test_bench_deploy_loop_cpu_tiny_times_every_cell_and_checks_the_world(tmp_pa
         "--parts",
         "2",
         "--levers",
-        "fold",
+        "fold,defer",
         "--world-check",
         "2",
         "--world-numpy-cells",
         "1",
     )
     assert r["mode"] == "loop" and r["cells"] == 3 and r["load_s"] > 0
-    assert set(r["levers"]) == {"exact", "fold"}
+    assert set(r["levers"]) == {"exact", "fold", "defer"}
     for lever in r["levers"].values():
         assert lever["world_renderer"] == "torch"
         assert lever["cell_s"]["n"] == 3 and lever["cell_s"]["max"] >= lever["cell_s"]["p50"] > 0
@@ -92,9 +92,10 @@ def test_bench_deploy_loop_cpu_tiny_times_every_cell_and_checks_the_world(tmp_pa
         assert all(parts[k]["n"] == 2 for k in parts)
     assert r["levers"]["fold"]["vs_exact"]["cells"] == 3
     assert r["levers"]["fold"]["vs_exact"]["rel"] < 1e-4
+    assert r["levers"]["defer"]["vs_exact"] == {"cells": 3, "max_abs_diff": 0.0, "rel": 0.0}
     assert r["world_check"]["cells"] == 2 and r["world_check"]["agreement"] >= 0.999
     assert r["world_speed"]["torch_fp64"]["cell_s"]["n"] == 3
-    assert r["summary"]["best_lever"] in {"exact", "fold"}
+    assert r["summary"]["best_lever"] in {"exact", "fold", "defer"}
 
 
 def test_bench_deploy_serve_cpu_tiny_times_key_events_to_their_frames(tmp_path):
@@ -105,3 +106,5 @@ def test_bench_deploy_serve_cpu_tiny_times_key_events_to_their_frames(tmp_path):
     lat = serve["latency_s"]
     assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["max"] < 30
     assert serve["messages"] >= 2 and serve["mean_message_bytes"] > 0
+    server = serve["server_p50_s"]  # where the time goes on the server
+    assert server["step"] > 0 and server["queued"] >= 0 and server["encode_prev"] >= 0

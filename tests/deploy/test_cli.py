@@ -104,15 +104,22 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
 
     fast = opts(cuda=True)
     assert fast.cuda_graphs and fast.decode_fast and fast.decode_dtype == "bf16" and not fast.decode_stream
-    assert fast.decode_graph  # bench lever graphs_all: the fastest measured, the exact latents
+    assert fast.decode_graph  # bench lever graphs_all_defer: the fastest measured, the exact latents
+    assert fast.defer_commit and not fast.fold_commit
     exact = opts("--exact", cuda=True)
     assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
-    assert not exact.decode_graph
+    assert not exact.decode_graph and not exact.defer_commit
     assert opts(cuda=False) == exact  # a CPU runs the exact path
     stream = opts("--decode-stream", cuda=True)
     assert stream.decode_stream and not stream.decode_graph  # the pair is not measured
     assert opts("--decode-graph", cuda=False).decode_graph
-    assert not opts("--fold-commit", cuda=True).cuda_graphs  # a fold runs on the KVCache
+    folded = opts("--fold-commit", cuda=True)
+    assert folded.cuda_graphs and not folded.defer_commit  # the fold graphed per fill level
+    assert opts("--defer-commit", cuda=False).defer_commit
+    with pytest.raises(ValueError, match="--fold-commit contradicts --defer-commit"):
+        opts("--fold-commit", "--defer-commit", cuda=True)
+    with pytest.raises(ValueError, match="--exact contradicts"):
+        opts("--exact", "--defer-commit", cuda=True)
     with pytest.raises(ValueError, match="--exact contradicts"):
         opts("--exact", "--cuda-graphs", cuda=True)
     with pytest.raises(ValueError, match="--exact contradicts"):

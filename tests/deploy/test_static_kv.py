@@ -45,8 +45,6 @@ def test_static_cache_steady_only_at_a_full_window_past_the_cap():
     model = make_model(seed=0)
     _, cache = streamed_rollout(model, DEPLOY_CAUSAL, 12, static_kv=True)
     assert not cache.steady(12)  # 12 cached cells < 19, positions still absolute
-    with pytest.raises(NotImplementedError):
-        cache.begin_fold(12)
 
 
 def test_graph_runner_falls_back_to_eager_on_a_cpu():
@@ -59,10 +57,8 @@ def test_graph_runner_falls_back_to_eager_on_a_cpu():
     assert runner.replays == 0 and runner.disabled is None
 
 
-def test_static_cache_refuses_fold_with_it_and_no_window():
+def test_static_cache_refuses_no_window():
     model = make_model(seed=0)
-    with pytest.raises(ValueError, match="fold_commit and static_kv"):
-        CausalStreamer(model, DEPLOY_CAUSAL, DEPLOY_AXIS.timesteps, fold_commit=True, static_kv=True)
     with pytest.raises(ValueError, match="window"):
         model.new_kv_cache(CausalConfig(sink=0, window=None, rope_cap=None), LATENT_HW, static=True)
 
@@ -87,26 +83,18 @@ def test_cuda_session_replays_graphs_from_cell_1_with_the_exact_latents(tiny_exp
     """On CUDA a session with cuda_graphs replays a captured graph for every forward of every cell
     from cell 1 (the warm-up at load captured every window fill level) and gives the exact path's
     latents, bit for bit, past a full window and the RoPE cap."""
-    import numpy as np
-
-    from gc25d_core.deploy.runtime import RuntimeOptions
-    from gc25d_core.deploy.session import open_session
+    from tests.deploy.rollout import cuda_session_cells
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    rng = np.random.default_rng(0)
-    blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(26)]
+    cells = 26
 
-    def run(**opts):
-        s = open_session(tiny_export, deploy_cfg, device="cuda", options=RuntimeOptions(decode=False, **opts))
-        s.start()
-        before = s.runtime.graphed.replays if s.runtime.graphed is not None else 0
-        lat = [s.step(b).out.latent.float().cpu() for b in blocks]
-        return torch.cat(lat, dim=2), s.runtime, before
-
-    exact, _, _ = run()
-    graphed, rt, before = run(cuda_graphs=True)
-    assert rt.graphed is not None and rt.graphed.disabled is None
-    assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
-    assert rt.graphed.replays - before == 5 * len(blocks)  # 4 denoise + 1 commit per cell, from cell 1
-    assert torch.equal(graphed, exact)
+    exact, _, _ = cuda_session_cells(tiny_export, deploy_cfg, cells)
+    for defer in (False, True):  # the commit before the decode, or after it (the CLI's default)
+        graphed, rt, before = cuda_session_cells(
+            tiny_export, deploy_cfg, cells, cuda_graphs=True, defer_commit=defer
+        )
+        assert rt.graphed is not None and rt.graphed.disabled is None
+        assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
+        assert rt.graphed.replays - before == 5 * cells  # 4 denoise + 1 commit per cell, from cell 1
+        assert torch.equal(graphed, exact)

@@ -1,6 +1,7 @@
 """The web page in a real headless Chromium (Debian's chromium + chromedriver, selenium) on the
 tiny models: frames arrive, they change with the keys held, the per-cell latency is shown, and so
-is the action-to-photon latency of the keys pressed (the server's tagged frames put on screen).
+is the action-to-photon latency of the keys pressed (the server's tagged frames put on screen), and
+the side-stream decode switch reaches the session.
 A failure saves a screenshot under $GC25D_TEST_ARTIFACTS (default: the test's tmp dir)."""
 
 from __future__ import annotations
@@ -32,18 +33,11 @@ def server(tiny_export, deploy_cfg):
 
     from gc25d_core.deploy.runtime import RuntimeOptions
     from gc25d_core.deploy.session import open_session
-    from gc25d_core.deploy.web import create_app
+    from gc25d_core.deploy.web import create_app, server_config
 
     session = open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu")
     port = _free_port()
-    srv = uvicorn.Server(
-        uvicorn.Config(
-            create_app(session, host="127.0.0.1", port=port),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
+    srv = uvicorn.Server(server_config(create_app(session, host="127.0.0.1", port=port), "127.0.0.1", port))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.time() + 20
@@ -125,6 +119,12 @@ def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, reque
         latency, denoise, decode = (float(by_id(i).text) for i in ("latency", "denoise", "decode"))
         assert latency > 0 and denoise > 0 and decode > 0 and latency >= denoise
         _wait(lambda: float(by_id("fps").text) > 0, what="the live fps")
+
+        # the side-stream decode switch reaches the session's runtime: a CPU one says why it cannot
+        assert by_id("decode_mode").text == "main stream" and not by_id("stream").is_selected()
+        by_id("stream").click()
+        _wait(lambda: "needs a CUDA device" in by_id("note").text, what="the runtime's answer to the switch")
+        assert by_id("decode_mode").text == "main stream"
         assert by_id("status").text == "live"
     except BaseException:
         artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))

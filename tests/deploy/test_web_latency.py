@@ -66,3 +66,58 @@ def test_event_numbers_are_positive_ints():
     assert event_id({"id": 7}) == 7
     assert event_id({"keys": []}) is None
     assert event_id({"id": True}) is None and event_id({"id": "3"}) is None and event_id({"id": 0}) is None
+
+
+def test_the_pages_side_stream_switch_reaches_the_runtime(session):
+    """The page's switch ({"decode_stream": bool}) is applied to the session's runtime between
+    cells; a CPU session cannot decode on a second stream, so its next message says why and every
+    message reports the decode still on the main stream. A switch message leaves the held keys."""
+    app = create_app(session, host="127.0.0.1", port=PORT)
+    with (
+        TestClient(app, base_url=SERVED) as client,
+        client.websocket_connect(f"ws://127.0.0.1:{PORT}/ws", headers={"origin": SERVED}) as ws,
+    ):
+        anchor = json.loads(ws.receive_text())
+        assert anchor["decode_stream"] is False
+        ws.send_text(json.dumps({"keys": ["d"], "id": 1}))
+        _until_ack(ws, 1)
+        ws.send_text(json.dumps({"decode_stream": True}))
+        for _ in range(8):
+            m = json.loads(ws.receive_text())
+            assert m["decode_stream"] is False and m["key"] == "walk_right"
+            if "note" in m:
+                break
+        else:
+            raise AssertionError("the switch never reached the runtime")
+        assert "decode_stream needs a CUDA device" in m["note"]
+        assert not session.runtime.options.decode_stream
+        nxt = json.loads(ws.receive_text())
+        assert "note" not in nxt and nxt["key"] == "walk_right"  # said once
+
+
+def test_serve_sends_cells_without_per_message_deflate(session):
+    """``serve``'s uvicorn settings (``web.server_config``) turn the WebSocket's per-message deflate
+    off: a client that offers it (browsers and ``websockets`` do) gets the cells uncompressed."""
+    import threading
+
+    import uvicorn
+    from websockets.sync.client import connect
+
+    from gc25d_core.deploy.web import server_config
+    from tests.launch_helpers import free_port, wait_for
+
+    port = free_port()
+    server = uvicorn.Server(
+        server_config(create_app(session, host="127.0.0.1", port=port), "127.0.0.1", port)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for("the server", lambda: server.started, timeout_s=20, every_s=0.05)
+        with connect(f"ws://127.0.0.1:{port}/ws", max_size=None) as ws:
+            assert "permessage-deflate" in (ws.request.headers.get("Sec-WebSocket-Extensions") or "")
+            assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+            assert json.loads(ws.recv())["cell"] == 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
