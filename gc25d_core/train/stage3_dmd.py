@@ -27,15 +27,17 @@ cfg 1.0: one conditional pass of the real score.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from gc25d_core.distributed import all_reduce, broadcast_ints
 from gc25d_core.flow import noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
+from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
 from gc25d_core.models.sem_cond import cell_frame_slice
 from gc25d_core.train.causal_run import CausalRun
 from gc25d_core.train.config import Stage3Config
@@ -46,6 +48,9 @@ from gc25d_core.train.engine import Trained
 from gc25d_core.train.inputs import draw_noise, to_device
 from gc25d_core.train.model import build_model, init_export, param_groups
 from gc25d_core.train.state import ResumePoint, Stateful
+
+if TYPE_CHECKING:
+    from gc25d_core.models.gcdit import GcDiT
 
 __all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss"]
 
@@ -83,6 +88,20 @@ def critic_flow_loss(
     """Flow matching on generated samples: mean over the unmasked elements of (v̂ − (ε − x))²."""
     sq = (v_hat.float() - (noise - x).float()).pow(2)
     return sq[mask.expand_as(sq)].mean()
+
+
+def replica_mode(engine: Any) -> ReplicaMode | None:
+    """How the engine's generator forward computes (the rollout replica mirrors it): FSDP's bf16
+    mixed precision holds bf16 weights, casts the root's float inputs, and on CUDA accelerate adds
+    bf16 autocast and fp32 outputs; the torch engine keeps fp32 weights under bf16 autocast."""
+    bf16 = engine.precision == "bf16"
+    if engine.kind == "fsdp":
+        acc = bf16 and getattr(engine, "accelerator", None) is not None
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        return ReplicaMode(dtype=dtype, autocast=acc, cast_inputs=bf16, fp32_out=acc)
+    if engine.kind == "torch":
+        return ReplicaMode(dtype=torch.float32, autocast=bf16)
+    return None
 
 
 # ============================================================================== the stage
@@ -128,6 +147,8 @@ class Stage3Run(CausalRun):
         self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
         self.sync_phases = sec.time_phases
         self.draws = []
+        self.rollout_path = sec.rollout_path
+        self.fast_runner: RolloutRunner | None = None  # built on the first fast rollout
 
     def state_parts(self) -> dict[str, Stateful]:
         return {**super().state_parts(), "critic": self.critic}
@@ -150,7 +171,9 @@ class Stage3Run(CausalRun):
     def rollout(
         self, samples: list[TrainingSample], cells: int, exit_step: int, gen: torch.Generator, grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
-        """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys."""
+        """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys.
+        ``rollout_path`` "fast": the no-grad forwards on the generator's replica (``_fast``), the
+        grad exit forwards on ``self.model``; "module": every forward on ``self.model``."""
         from gc25d_core.models.gcdit import GcDiT, TextContext
         from gc25d_core.models.sampler import CausalStreamer
 
@@ -167,23 +190,36 @@ class Stage3Run(CausalRun):
         device_gen = torch.Generator(device=self.device).manual_seed(
             int(torch.randint(0, 2**62, (1,), generator=gen))
         )
+        fast = self._fast() if self.rollout_path == "fast" else None
 
         def text(cell: int) -> TextContext:
             # unbound: the forward binds it to the (possibly sharded) text embedding
-            return TextContext.build(*self.text.context([[k[cell]] for k in keys]))
+            bank = self.text.context([[k[cell]] for k in keys])
+            return TextContext.build(*bank) if fast is None else fast.cell_text(*bank)
 
         def sem(cell: int) -> torch.Tensor:
             return to_device(ids[:, cell_frame_slice(cell)], self.device)
 
-        streamer = CausalStreamer(
-            cast(GcDiT, self.model.module),
-            self.rollout_causal,
-            self.axis,
-            forward=self.model,
-            checkpoint=self.rollout_checkpoint,
-        )
-        with torch.no_grad():
-            streamer.start(anchor.to(dtype), text(0), sem(0))
+        if fast is None:
+            streamer = CausalStreamer(
+                cast(GcDiT, self.model.module),
+                self.rollout_causal,
+                self.axis,
+                forward=self.model,
+                checkpoint=self.rollout_checkpoint,
+            )
+            with torch.no_grad():
+                streamer.start(anchor.to(dtype), text(0), sem(0))
+        else:
+            streamer = fast.streamer(
+                self.rollout_causal,
+                self.axis,
+                anchor.to(dtype),
+                slow=self.model if grad else None,
+                checkpoint=self.rollout_checkpoint,
+            )
+            with torch.no_grad():
+                fast.start(streamer, anchor.to(dtype), text(0), sem(0))
         out = []
         for cell in range(1, cells):
             scored = cell >= cells - horizon
@@ -196,6 +232,38 @@ class Stage3Run(CausalRun):
         frames = torch.cat([ids[:, cell_frame_slice(0)], *(ids[:, cell_frame_slice(c)] for c in tail)], dim=1)
         clip_keys = [[k[0], *(k[c] for c in tail)] for k in keys]
         return torch.cat([anchor, *out], dim=2), frames, clip_keys
+
+    def _fast(self) -> RolloutRunner:
+        """The generator's rollout replica with its current weights. Gathered once per optimizer
+        step of the generator (its scheduler's count): the weights change only there, so the step's
+        ``critic_steps`` + 1 rollouts share one gather. Derived state, never saved: a resumed run
+        gathers on its first rollout."""
+        version = self.model.scheduler.last_epoch  # type: ignore[attr-defined]
+        if self.fast_runner is None:
+            mode = replica_mode(self.engine)
+            if mode is None:
+                raise ValueError(
+                    f"stage3_dmd.rollout_path 'fast' runs on the fsdp and torch engines, not {self.engine.kind}"
+                )
+            template = cast("GcDiT", self.model.module)
+            self.fast_runner = RolloutRunner(template, mode, self.device)
+            self.fast_runner.model.load_state_dict(
+                {n.replace("_fsdp_wrapped_module.", ""): b for n, b in template.named_buffers()}, strict=False
+            )
+        if self.fast_runner.version != version:
+            with self._gathered():
+                self.fast_runner.load(self.model.module.named_parameters(), version)
+        return self.fast_runner
+
+    def _gathered(self) -> contextlib.AbstractContextManager[Any]:
+        """The generator's full parameters in its module (FSDP: gathered from the shards on every
+        rank; a collective, so every rank calls it at the same rollout)."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        wrapped = getattr(self.model, "wrapped", None)
+        if isinstance(wrapped, FSDP):
+            return FSDP.summon_full_params(wrapped, writeback=False)
+        return contextlib.nullcontext()
 
     # -- the losses ---------------------------------------------------------------------------------
 

@@ -119,13 +119,17 @@ def _samples(run: Stage3Run):
     return [s for _, s in run.data.next_micro()]
 
 
-def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built):
+@pytest.mark.parametrize("path", ["module", "fast"])
+def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built, path):
+    """Module path: every forward on the training module, only the K exit forwards with grad. Fast
+    path: the training module runs exactly those K grad forwards, the replica all the others."""
     run, cells, exit_step = built, 23, 2
     calls: list[tuple[int, bool]] = []
     forward = run.model
 
     class Counting:
         module = run.model.module
+        scheduler = run.model.scheduler
 
         def __call__(self, *args, **kwargs):
             calls.append(
@@ -134,15 +138,17 @@ def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built):
             return forward(*args, **kwargs)
 
     run.model = Counting()  # type: ignore[assignment]
+    run.rollout_path = path
     try:
         x, _, _ = run.rollout(_samples(run), cells, exit_step, torch.Generator().manual_seed(0), grad=True)
     finally:
         run.model = forward
+        run.rollout_path = "fast"
     horizon = run.section.grad_horizon
     with_grad = [c for c, g in calls if g]
     assert with_grad == list(range(cells - horizon, cells))  # one exit forward per scored cell
     # per generated cell: exit_step + 1 denoise forwards and a commit; the anchor's prefill
-    assert len(calls) == 1 + (cells - 1) * (exit_step + 2)
+    assert len(calls) == (1 + (cells - 1) * (exit_step + 2) if path == "module" else horizon)
     assert x.shape[2] == 1 + horizon and x.requires_grad
     params = [p for p in run.model.module.parameters() if p.requires_grad]
     anchor_grads = torch.autograd.grad(x[:, :, 0].sum(), params, allow_unused=True, retain_graph=True)
