@@ -172,6 +172,10 @@ class RolloutRunner:
         replica.track_stats = False
         self.model, self.mode, self.device = replica, mode, device
         self.graphs = GraphedKVForward(replica) if graphs and device.type == "cuda" else None
+        if self.graphs is not None:
+            # the vocab check of the ids syncs the device, which a capture cannot hold (training
+            # checks the ids on the host: train.model.build_model turns it off on the generator too)
+            replica.check_sem_ids = False
         self.text = _TextSlot(replica)
         self.cache: BatchStaticKVCache | None = None
         self.version: Any = None  # what the caller says the weights are (e.g. the optimizer step)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -149,6 +151,8 @@ class Stage3Run(CausalRun):
         self.draws = []
         self.rollout_path = sec.rollout_path
         self.fast_runner: RolloutRunner | None = None  # built on the first fast rollout
+        self.gather_s = 0.0  # the step's seconds gathering the replica's weights (fast path)
+        self.graphs_warned = False
 
     def state_parts(self) -> dict[str, Stateful]:
         return {**super().state_parts(), "critic": self.critic}
@@ -251,9 +255,16 @@ class Stage3Run(CausalRun):
                 {n.replace("_fsdp_wrapped_module.", ""): b for n, b in template.named_buffers()}, strict=False
             )
         if self.fast_runner.version != version:
+            t0 = self._sync_time()
             with self._gathered():
                 self.fast_runner.load(self.model.module.named_parameters(), version)
+            self.gather_s += self._sync_time() - t0
         return self.fast_runner
+
+    def _sync_time(self) -> float:
+        if self.sync_phases and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _gathered(self) -> contextlib.AbstractContextManager[Any]:
         """The generator's full parameters in its module (FSDP: gathered from the shards on every
@@ -335,6 +346,11 @@ class Stage3Run(CausalRun):
     def step_record(self, tot: dict[str, float], seconds: dict[str, float]) -> dict[str, float]:
         # the generator rollout's draws as the ranks saw them: min and max over ranks agree
         cells, exit_step = self.draws[-1]
+        gather_s, self.gather_s = self.gather_s, 0.0
+        graphs = self.fast_runner.graphs if self.fast_runner is not None else None
+        if graphs is not None and graphs.disabled and not self.graphs_warned:
+            self.graphs_warned = True  # the rollouts still run, eagerly on the replica
+            warnings.warn(f"stage 3 rollout: CUDA graphs off ({graphs.disabled})", stacklevel=1)
         lo = all_reduce([cells, exit_step], self.device, op="min")
         hi = all_reduce([-cells, -exit_step], self.device, op="min")
         lr, cond_lr = self.model.lrs()
@@ -353,6 +369,7 @@ class Stage3Run(CausalRun):
             "critic_lr": critic_lr,
             "critic_s": seconds["critic"],
             "generator_s": seconds["generator"],
+            "rollout_gather_s": gather_s,
             "ema_started": float(self.ema.started),
             "rollout_cells_min": lo[0],
             "rollout_cells_max": -hi[0],

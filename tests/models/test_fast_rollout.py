@@ -143,15 +143,27 @@ def test_a_stale_replica_gives_another_rollout_and_load_refreshes_it():
         runner.load([("no.such.weight", torch.zeros(1))])
 
 
+# a rollout of the replica's graph replays against the training forward's eager rollout on CUDA:
+# the replays' kernels are picked in capture (another cuBLAS workspace / stream), so their bf16
+# rounding can differ from the eager forward's; measured on an H200 (2026-12-02): see the test
+GRAPH_REL_TOL = 2e-2  # max |fast − ref| / max |ref| over the rollout and over the gradients
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["fsdp_bf16", "torch_bf16"])
-def test_cuda_graph_rollout_equals_the_module_rollout(kind):
-    """On CUDA: the replica's forwards replay CUDA graphs (one per fill level) and give the training
-    forward's rollout bit for bit, for FSDP's bf16 weights (inputs cast, bf16 autocast, fp32
-    outputs as accelerate gives) and for fp32 weights under bf16 autocast (the torch engine)."""
+def test_cuda_rollout_equals_the_module_rollout(kind):
+    """On CUDA: the replica run eagerly gives the training forward's rollout bit for bit (the same
+    kernels), for FSDP's bf16 weights (inputs cast, bf16 autocast, fp32 outputs as accelerate gives)
+    and for fp32 weights under bf16 autocast (the torch engine); with its forwards replayed from CUDA
+    graphs (one per fill level) within ``GRAPH_REL_TOL``, no-grad and with grad exit forwards."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     master = make_model(seed=4).cuda().train()
+    master.check_sem_ids = False  # as train.model.build_model leaves a trained model
     if kind == "fsdp_bf16":
         mode = ReplicaMode(dtype=torch.bfloat16, autocast=True, cast_inputs=True, fp32_out=True)
         module = copy.deepcopy(master).to(torch.bfloat16)
@@ -168,23 +180,29 @@ def test_cuda_graph_rollout_equals_the_module_rollout(kind):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 return module(*a, **k)
 
-    runner = _runner(master, mode, "cuda")
     args = _inputs(batch=2, distinct=True, device="cuda")
+    params = [p for p in module.parameters() if p.requires_grad]
     with torch.no_grad():
         ref = _module_rollout(module, forward, *args, exit_step=3, grad=False, seed=5)
-        for _ in range(2):  # captures, then replays only
-            fast = _fast_rollout(runner, None, *args, exit_step=3, grad=False, seed=5)
-            assert torch.equal(fast, ref), (fast - ref).abs().max()
-    assert runner.graphs is not None and runner.graphs.disabled is None and runner.graphs.replays > 0
-    params = [p for p in module.parameters() if p.requires_grad]
-    results = []
-    for fast_path in (False, True):
-        if fast_path:
-            x = _fast_rollout(runner, forward, *args, exit_step=1, grad=True, seed=6)
+    x_ref = _module_rollout(module, forward, *args, exit_step=1, grad=True, seed=6)
+    weight = torch.randn(x_ref.shape, generator=torch.Generator().manual_seed(4)).cuda()
+    g_ref = torch.autograd.grad((x_ref * weight).sum(), params)
+    for graphs in (False, True):
+        runner = RolloutRunner(master, mode, torch.device("cuda"), graphs=graphs)
+        runner.load(master.named_parameters(), version=0)
+        with torch.no_grad():
+            for _ in range(2):  # with graphs: captures, then replays only
+                fast = _fast_rollout(runner, None, *args, exit_step=3, grad=False, seed=5)
+        x = _fast_rollout(runner, forward, *args, exit_step=1, grad=True, seed=6)
+        g = torch.autograd.grad((x * weight).sum(), params)
+        errs = [_rel(fast, ref), _rel(x, x_ref), *(_rel(a, b) for a, b in zip(g, g_ref, strict=True))]
+        print(
+            f"{kind} graphs={graphs}: rollout {errs[0]:.2e}, grad rollout {errs[1]:.2e}, grads max {max(errs[2:]):.2e}"
+        )
+        if not graphs:
+            assert torch.equal(fast, ref) and torch.equal(x, x_ref)
+            assert all(torch.equal(a, b) for a, b in zip(g, g_ref, strict=True))
         else:
-            x = _module_rollout(module, forward, *args, exit_step=1, grad=True, seed=6)
-        weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).cuda()
-        results.append((x.detach(), torch.autograd.grad((x * weight).sum(), params)))
-    (x_ref, g_ref), (x_fast, g_fast) = results
-    assert torch.equal(x_fast, x_ref)
-    assert all(torch.equal(a, b) for a, b in zip(g_fast, g_ref, strict=True))
+            assert runner.graphs is not None and runner.graphs.disabled is None, runner.graphs.disabled
+            assert runner.graphs.replays > 0
+            assert max(errs) <= GRAPH_REL_TOL, errs
