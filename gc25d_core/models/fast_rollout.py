@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -91,6 +91,25 @@ class BatchStaticKVCache(StaticKVCache):
         super().end(commit)
 
 
+class _MemoRope:
+    """A ``RopeTable`` whose ``token_freqs`` keeps each (positions, grid) table it made: the table
+    builds from a host index (a blocking copy, so a device sync), and a rollout's cells ask for the
+    same few tables again and again (``StaticKVCache._set_freqs``, once per query cell)."""
+
+    def __init__(self, rope: Any):
+        self.rope = rope
+        self.memo: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def token_freqs(self, time_pos: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (tuple(time_pos.tolist()), h, w)
+        if key not in self.memo:
+            self.memo[key] = self.rope.token_freqs(time_pos, h, w)
+        return self.memo[key]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rope, name)
+
+
 class _TextSlot:
     """One cell's text context for the replica, in fixed tensors: the raw bank ``[B, P, Lc, Dt]``
     (P padded to the batch: the distinct prompts of a batch are at most B), the index ``[B, 1]`` and
@@ -113,6 +132,8 @@ class _TextSlot:
     def load(self, raw: torch.Tensor, index: torch.Tensor, batch: int) -> TextContext:
         from gc25d_core.models.gcdit import TextContext
 
+        if raw.device.type == "cuda" and index.device.type == "cpu":  # no device sync per cell
+            index = index.long().pin_memory().to(raw.device, non_blocking=True)
         index = index.to(raw.device).long()
         if raw.shape[1] < batch:  # rows no index points at: the shapes stay the batch's
             pad = raw.new_zeros(raw.shape[0], batch - raw.shape[1], *raw.shape[2:])
@@ -120,7 +141,7 @@ class _TextSlot:
         ctx = self.ctx
         if ctx is None or ctx.raw.shape != raw.shape or ctx.index is None or ctx.index.shape != index.shape:
             ctx = self.ctx = TextContext(raw.clone(), index.clone())
-            ctx._shared.update(self._memo(ctx.raw, ctx.index))
+            ctx._shared.update(self._memo(ctx.raw, index))
             return ctx
         assert ctx.index is not None
         ctx.raw.copy_(raw)
@@ -179,6 +200,7 @@ class RolloutRunner:
         self.text = _TextSlot(replica)
         self.cache: BatchStaticKVCache | None = None
         self.version: Any = None  # what the caller says the weights are (e.g. the optimizer step)
+        self._timesteps: dict[tuple[float, int], torch.Tensor] = {}
 
     @torch.no_grad()
     def load(self, named: Iterable[tuple[str, torch.Tensor]], version: Any = None) -> None:
@@ -201,6 +223,11 @@ class RolloutRunner:
     def replica_forward(self, latent: torch.Tensor, timestep: Any, text: Any, sem_ids: Any = None, **kw: Any):
         if self.mode.cast_inputs and latent.is_floating_point():
             latent = latent.to(self.mode.dtype)
+        if latent.is_cuda and isinstance(timestep, float):  # a device tensor: no host copy per forward
+            key = (timestep, latent.shape[0])
+            if key not in self._timesteps:
+                self._timesteps[key] = torch.full((latent.shape[0],), timestep, device=latent.device)
+            timestep = self._timesteps[key]
         fwd = self.graphs if self.graphs is not None else self.model
         with self._autocast():
             out = fwd(latent, timestep, text, sem_ids, **kw)
@@ -228,8 +255,8 @@ class RolloutRunner:
         if c is None or c.grid_key != key or c.spec != spec or batch_changed:
             m = self.model
             grid = (hw[0] // m.patch_size[1], hw[1] // m.patch_size[2])
-            rope = m.rope_table(anchor.device, self.mode.activ_dtype)
-            c = self.cache = BatchStaticKVCache(spec, len(m.blocks), grid, m.num_heads, rope)
+            rope = _MemoRope(m.rope_table(anchor.device, self.mode.activ_dtype))
+            c = self.cache = BatchStaticKVCache(spec, len(m.blocks), grid, m.num_heads, cast(Any, rope))
             c.grid_key = key
             if self.graphs is not None:
                 self.graphs.reset()

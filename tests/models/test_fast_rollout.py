@@ -143,12 +143,6 @@ def test_a_stale_replica_gives_another_rollout_and_load_refreshes_it():
         runner.load([("no.such.weight", torch.zeros(1))])
 
 
-# a rollout of the replica's graph replays against the training forward's eager rollout on CUDA:
-# the replays' kernels are picked in capture (another cuBLAS workspace / stream), so their bf16
-# rounding can differ from the eager forward's; measured on an H200 (2026-12-02): see the test
-GRAPH_REL_TOL = 2e-2  # max |fast − ref| / max |ref| over the rollout and over the gradients
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
 
@@ -158,8 +152,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_cuda_rollout_equals_the_module_rollout(kind):
     """On CUDA: the replica run eagerly gives the training forward's rollout bit for bit (the same
     kernels), for FSDP's bf16 weights (inputs cast, bf16 autocast, fp32 outputs as accelerate gives)
-    and for fp32 weights under bf16 autocast (the torch engine); with its forwards replayed from CUDA
-    graphs (one per fill level) within ``GRAPH_REL_TOL``, no-grad and with grad exit forwards."""
+    and for fp32 weights under bf16 autocast (the torch engine); and so do its forwards replayed from
+    CUDA graphs (one per fill level: the captured kernels are the eager ones), no-grad and with the
+    grad exit forwards on the training forward. The relative errors are printed (H200, 2026-12-02:
+    0.0 everywhere)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     master = make_model(seed=4).cuda().train()
@@ -199,10 +195,8 @@ def test_cuda_rollout_equals_the_module_rollout(kind):
         print(
             f"{kind} graphs={graphs}: rollout {errs[0]:.2e}, grad rollout {errs[1]:.2e}, grads max {max(errs[2:]):.2e}"
         )
-        if not graphs:
-            assert torch.equal(fast, ref) and torch.equal(x, x_ref)
-            assert all(torch.equal(a, b) for a, b in zip(g, g_ref, strict=True))
-        else:
+        if graphs:
             assert runner.graphs is not None and runner.graphs.disabled is None, runner.graphs.disabled
             assert runner.graphs.replays > 0
-            assert max(errs) <= GRAPH_REL_TOL, errs
+        assert torch.equal(fast, ref) and torch.equal(x, x_ref), errs
+        assert all(torch.equal(a, b) for a, b in zip(g, g_ref, strict=True)), errs
