@@ -25,13 +25,8 @@ AXIS = (1000.0, 750.0, 500.0, 250.0)
 CELLS, HORIZON = 9, 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matrices: one thread (several threads on a loaded CI machine cost more than they give)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# tests/conftest.py's: bit-for-bit comparisons on one CPU thread
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _inputs(batch: int, distinct: bool, device: str = "cpu"):
