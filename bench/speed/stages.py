@@ -20,6 +20,7 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
 ``+<modifier>`` on a run name: ``+ckpt<N>`` recomputes only the first N blocks, ``+nockpt`` none,
 ``+overlap`` / ``+nooverlap`` turn ZeRO-2's overlapped gradient reduction on / off (stages 1–2 and
 the SFT), ``+fx<name>`` sets flex's kernel options to bench/speed/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
+``+module`` (stage 3) runs every rollout forward on the FSDP module instead of the fast path's replica,
 ``+L<N>`` builds N of the 30 blocks at full width (stage 3: instead of ``--s3-blocks``): the per-block
 rate with the memory a sharded run leaves (one GPU holds a 5B model's optimizer state only by
 recomputing most blocks).
@@ -114,6 +115,10 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             out["model"]["gradient_checkpointing"] = False
         elif m.startswith("ckpt") and m[4:].isdigit():
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
+        elif m == "module":  # stage 3: every rollout forward on the FSDP module (the path before issue 33)
+            if kind != "s3":
+                raise SystemExit(f"+module is stage 3's (rollout_path), not {name!r}'s")
+            out["rollout_path"] = "module"
         elif m in ("overlap", "nooverlap"):  # ZeRO-2's gradient reduction beside the backward, or after it
             out["zero"] = {"overlap_comm": m == "overlap"}
         elif m.startswith("fx"):  # flex kernel options: attention.py's FLEX_VARIANTS["flex_<name>"]
@@ -373,6 +378,9 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
         out["critic_s_median_stage"] = med([r.get("critic_s", 0.0) for r in steady_m])
         out["generator_s_median_stage"] = med([r.get("generator_s", 0.0) for r in steady_m])
         out["draws"] = [r["draws"] for r in steady_p]
+        out["rollout_gather_s_median"] = med([r.get("rollout_gather_s", 0.0) for r in steady_m])
+        # every step's losses: two runs of the same draws (fast / +module rollouts) compare here
+        out["losses"] = [[r.get("critic_loss"), r.get("gen_loss")] for r in metrics]
     flops_med = statistics.median(per_step) if per_step else 0.0
     out["flops_per_step"] = flops_med
     out["mfu_median"] = mfu(flops_med, step_med)

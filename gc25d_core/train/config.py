@@ -286,6 +286,14 @@ class Stage3Config(CausalStageConfig):
         default=False,
         description="synchronise the device around rollout / critic / generator for their times (benchmarks)",
     )
+    rollout_path: Literal["fast", "module"] = Field(
+        default="fast",
+        description=(
+            "fast: the no-grad rollout forwards on a replica of the generator gathered once per "
+            "optimizer step (static KV cache, CUDA graphs on a GPU; models.fast_rollout), the grad "
+            "exit forwards on the training module; module: every forward on the training module"
+        ),
+    )
     ema: EmaConfig = EmaConfig(enabled=True, decay=0.99, start_step=100)
     dropout: DropoutConfig = DropoutConfig(enabled=False)
 

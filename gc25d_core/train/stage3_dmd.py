@@ -27,15 +27,19 @@ cfg 1.0: one conditional pass of the real score.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+import warnings
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from gc25d_core.distributed import all_reduce, broadcast_ints
 from gc25d_core.flow import noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
+from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
 from gc25d_core.models.sem_cond import cell_frame_slice
 from gc25d_core.train.causal_run import CausalRun
 from gc25d_core.train.config import Stage3Config
@@ -46,6 +50,9 @@ from gc25d_core.train.engine import Trained
 from gc25d_core.train.inputs import draw_noise, to_device
 from gc25d_core.train.model import build_model, init_export, param_groups
 from gc25d_core.train.state import ResumePoint, Stateful
+
+if TYPE_CHECKING:
+    from gc25d_core.models.gcdit import GcDiT
 
 __all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss"]
 
@@ -83,6 +90,20 @@ def critic_flow_loss(
     """Flow matching on generated samples: mean over the unmasked elements of (v̂ − (ε − x))²."""
     sq = (v_hat.float() - (noise - x).float()).pow(2)
     return sq[mask.expand_as(sq)].mean()
+
+
+def replica_mode(engine: Any) -> ReplicaMode | None:
+    """How the engine's generator forward computes (the rollout replica mirrors it): FSDP's bf16
+    mixed precision holds bf16 weights, casts the root's float inputs, and on CUDA accelerate adds
+    bf16 autocast and fp32 outputs; the torch engine keeps fp32 weights under bf16 autocast."""
+    bf16 = engine.precision == "bf16"
+    if engine.kind == "fsdp":
+        acc = bf16 and getattr(engine, "accelerator", None) is not None
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        return ReplicaMode(dtype=dtype, autocast=acc, cast_inputs=bf16, fp32_out=acc)
+    if engine.kind == "torch":
+        return ReplicaMode(dtype=torch.float32, autocast=bf16)
+    return None
 
 
 # ============================================================================== the stage
@@ -128,6 +149,10 @@ class Stage3Run(CausalRun):
         self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
         self.sync_phases = sec.time_phases
         self.draws = []
+        self.rollout_path = sec.rollout_path
+        self.fast_runner: RolloutRunner | None = None  # built on the first fast rollout
+        self.gather_s = 0.0  # the step's seconds gathering the replica's weights (fast path)
+        self.graphs_warned = False
 
     def state_parts(self) -> dict[str, Stateful]:
         return {**super().state_parts(), "critic": self.critic}
@@ -150,7 +175,9 @@ class Stage3Run(CausalRun):
     def rollout(
         self, samples: list[TrainingSample], cells: int, exit_step: int, gen: torch.Generator, grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
-        """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys."""
+        """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys.
+        ``rollout_path`` "fast": the no-grad forwards on the generator's replica (``_fast``), the
+        grad exit forwards on ``self.model``; "module": every forward on ``self.model``."""
         from gc25d_core.models.gcdit import GcDiT, TextContext
         from gc25d_core.models.sampler import CausalStreamer
 
@@ -167,23 +194,36 @@ class Stage3Run(CausalRun):
         device_gen = torch.Generator(device=self.device).manual_seed(
             int(torch.randint(0, 2**62, (1,), generator=gen))
         )
+        fast = self._fast() if self.rollout_path == "fast" else None
 
         def text(cell: int) -> TextContext:
             # unbound: the forward binds it to the (possibly sharded) text embedding
-            return TextContext.build(*self.text.context([[k[cell]] for k in keys]))
+            bank = self.text.context([[k[cell]] for k in keys])
+            return TextContext.build(*bank) if fast is None else fast.cell_text(*bank)
 
         def sem(cell: int) -> torch.Tensor:
             return to_device(ids[:, cell_frame_slice(cell)], self.device)
 
-        streamer = CausalStreamer(
-            cast(GcDiT, self.model.module),
-            self.rollout_causal,
-            self.axis,
-            forward=self.model,
-            checkpoint=self.rollout_checkpoint,
-        )
-        with torch.no_grad():
-            streamer.start(anchor.to(dtype), text(0), sem(0))
+        if fast is None:
+            streamer = CausalStreamer(
+                cast(GcDiT, self.model.module),
+                self.rollout_causal,
+                self.axis,
+                forward=self.model,
+                checkpoint=self.rollout_checkpoint,
+            )
+            with torch.no_grad():
+                streamer.start(anchor.to(dtype), text(0), sem(0))
+        else:
+            streamer = fast.streamer(
+                self.rollout_causal,
+                self.axis,
+                anchor.to(dtype),
+                slow=self.model if grad else None,
+                checkpoint=self.rollout_checkpoint,
+            )
+            with torch.no_grad():
+                fast.start(streamer, anchor.to(dtype), text(0), sem(0))
         out = []
         for cell in range(1, cells):
             scored = cell >= cells - horizon
@@ -196,6 +236,45 @@ class Stage3Run(CausalRun):
         frames = torch.cat([ids[:, cell_frame_slice(0)], *(ids[:, cell_frame_slice(c)] for c in tail)], dim=1)
         clip_keys = [[k[0], *(k[c] for c in tail)] for k in keys]
         return torch.cat([anchor, *out], dim=2), frames, clip_keys
+
+    def _fast(self) -> RolloutRunner:
+        """The generator's rollout replica with its current weights. Gathered once per optimizer
+        step of the generator (its scheduler's count): the weights change only there, so the step's
+        ``critic_steps`` + 1 rollouts share one gather. Derived state, never saved: a resumed run
+        gathers on its first rollout."""
+        version = self.model.scheduler.last_epoch  # type: ignore[attr-defined]
+        if self.fast_runner is None:
+            mode = replica_mode(self.engine)
+            if mode is None:
+                raise ValueError(
+                    f"stage3_dmd.rollout_path 'fast' runs on the fsdp and torch engines, not {self.engine.kind}"
+                )
+            template = cast("GcDiT", self.model.module)
+            self.fast_runner = RolloutRunner(template, mode, self.device)
+            self.fast_runner.model.load_state_dict(
+                {n.replace("_fsdp_wrapped_module.", ""): b for n, b in template.named_buffers()}, strict=False
+            )
+        if self.fast_runner.version != version:
+            t0 = self._sync_time()
+            with self._gathered():
+                self.fast_runner.load(self.model.module.named_parameters(), version)
+            self.gather_s += self._sync_time() - t0
+        return self.fast_runner
+
+    def _sync_time(self) -> float:
+        if self.sync_phases and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _gathered(self) -> contextlib.AbstractContextManager[Any]:
+        """The generator's full parameters in its module (FSDP: gathered from the shards on every
+        rank; a collective, so every rank calls it at the same rollout)."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        wrapped = getattr(self.model, "wrapped", None)
+        if isinstance(wrapped, FSDP):
+            return FSDP.summon_full_params(wrapped, writeback=False)
+        return contextlib.nullcontext()
 
     # -- the losses ---------------------------------------------------------------------------------
 
@@ -267,6 +346,11 @@ class Stage3Run(CausalRun):
     def step_record(self, tot: dict[str, float], seconds: dict[str, float]) -> dict[str, float]:
         # the generator rollout's draws as the ranks saw them: min and max over ranks agree
         cells, exit_step = self.draws[-1]
+        gather_s, self.gather_s = self.gather_s, 0.0
+        graphs = self.fast_runner.graphs if self.fast_runner is not None else None
+        if graphs is not None and graphs.disabled and not self.graphs_warned:
+            self.graphs_warned = True  # the rollouts still run, eagerly on the replica
+            warnings.warn(f"stage 3 rollout: CUDA graphs off ({graphs.disabled})", stacklevel=1)
         lo = all_reduce([cells, exit_step], self.device, op="min")
         hi = all_reduce([-cells, -exit_step], self.device, op="min")
         lr, cond_lr = self.model.lrs()
@@ -285,6 +369,7 @@ class Stage3Run(CausalRun):
             "critic_lr": critic_lr,
             "critic_s": seconds["critic"],
             "generator_s": seconds["generator"],
+            "rollout_gather_s": gather_s,
             "ema_started": float(self.ema.started),
             "rollout_cells_min": lo[0],
             "rollout_cells_max": -hi[0],

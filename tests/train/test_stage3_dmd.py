@@ -119,13 +119,17 @@ def _samples(run: Stage3Run):
     return [s for _, s in run.data.next_micro()]
 
 
-def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built):
+@pytest.mark.parametrize("path", ["module", "fast"])
+def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built, path):
+    """Module path: every forward on the training module, only the K exit forwards with grad. Fast
+    path: the training module runs exactly those K grad forwards, the replica all the others."""
     run, cells, exit_step = built, 23, 2
     calls: list[tuple[int, bool]] = []
     forward = run.model
 
     class Counting:
         module = run.model.module
+        scheduler = run.model.scheduler
 
         def __call__(self, *args, **kwargs):
             calls.append(
@@ -134,15 +138,17 @@ def test_only_exit_forwards_of_the_last_k_cells_hold_graph_nodes(built):
             return forward(*args, **kwargs)
 
     run.model = Counting()  # type: ignore[assignment]
+    run.rollout_path = path
     try:
         x, _, _ = run.rollout(_samples(run), cells, exit_step, torch.Generator().manual_seed(0), grad=True)
     finally:
         run.model = forward
+        run.rollout_path = "fast"
     horizon = run.section.grad_horizon
     with_grad = [c for c, g in calls if g]
     assert with_grad == list(range(cells - horizon, cells))  # one exit forward per scored cell
     # per generated cell: exit_step + 1 denoise forwards and a commit; the anchor's prefill
-    assert len(calls) == 1 + (cells - 1) * (exit_step + 2)
+    assert len(calls) == (1 + (cells - 1) * (exit_step + 2) if path == "module" else horizon)
     assert x.shape[2] == 1 + horizon and x.requires_grad
     params = [p for p in run.model.module.parameters() if p.requires_grad]
     anchor_grads = torch.autograd.grad(x[:, :, 0].sum(), params, allow_unused=True, retain_graph=True)
@@ -262,3 +268,55 @@ def test_recomputed_exit_forwards_give_the_same_gradients_without_holding_the_ca
     tpc = x.shape[-2] // 2 * (x.shape[-1] // 2)
     kv_bytes = sum(seen) * tpc * model.dim * 2 * 4 * len(model.blocks)
     assert saved_plain - saved_ckpt >= kv_bytes, (saved_plain, saved_ckpt, kv_bytes)
+
+
+def test_the_fast_rollout_equals_the_module_rollout_with_its_gradients(built):
+    """rollout_path "fast" (the replica, eager on a CPU) against "module" (every forward on the
+    training module): the same scored clip and the same generator gradients, bit for bit."""
+    run, cells, exit_step = built, 23, 1
+    samples = _samples(run)
+    params = [p for p in run.model.module.parameters() if p.requires_grad]
+    results = []
+    try:
+        for path in ("module", "fast"):
+            run.rollout_path = path
+            x, _, _ = run.rollout(samples, cells, exit_step, torch.Generator().manual_seed(3), grad=True)
+            weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+            results.append((x.detach(), torch.autograd.grad((x * weight).sum(), params)))
+    finally:
+        run.rollout_path = "fast"
+    (x_module, g_module), (x_fast, g_fast) = results
+    assert torch.equal(x_fast, x_module)
+    assert all(torch.equal(a, b) for a, b in zip(g_fast, g_module, strict=True))
+
+
+def test_the_replica_is_gathered_once_per_generator_update_and_never_saved(built):
+    """The step's critic_steps + 1 rollouts share one gather (the generator changes only at its own
+    optimizer step); after the update the next rollout gathers the new weights. The replica is
+    derived state: no part of the run's saved state."""
+    run = built
+    runner = run._fast()
+    loads: list[int] = []
+    load = runner.load
+
+    def counting(named, version=None):
+        loads.append(version)
+        return load(named, version)
+
+    runner.load = counting  # type: ignore[method-assign]
+    try:
+        before = run.model.scheduler.last_epoch
+        run.train_step(2)  # the replica holds the current weights: the step's rollouts gather none
+        assert loads == [] and run.model.scheduler.last_epoch == before + 1
+        run.train_step(3)  # the generator moved at the end of step 2: one gather, at the first rollout
+        assert loads == [before + 1] and run.model.scheduler.last_epoch == before + 2
+        run._fast()
+        assert loads == [before + 1, before + 2]
+    finally:
+        del runner.load
+    own = dict(runner.model.named_parameters())
+    for name, p in run.model.module.named_parameters():
+        assert torch.equal(own[name], p.detach()), name
+    assert "fast_runner" not in run.state_parts() and not any(
+        part is runner for part in run.state_parts().values()
+    )

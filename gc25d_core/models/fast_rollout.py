@@ -1,0 +1,278 @@
+"""The fast path of a trained generator's no-grad self-rollout (stage 3): the same causal sampler
+(``sampler.CausalStreamer`` / ``denoise_cell``) run on a no-grad replica of the generator, against a
+``StaticKVCache`` of the batch, with the KV forwards as CUDA graphs (``kv_graphs.GraphedKVForward``,
+one per window fill level, captured on the first rollout and replayed from then on).
+
+Why: a one-cell forward through a sharded training module is host-bound (≈ 45 ms of launches, FSDP
+hooks and cache bookkeeping around ≈ 2 ms of GPU work at 10 blocks); a graph replays it in one launch.
+
+What stays on the training module: the forwards that carry gradients (the generator update's exit
+forwards, with their recomputation). ``RolloutRunner.streamer(slow=...)`` routes each forward by
+``torch.is_grad_enabled()``: no-grad forwards (denoise steps before the exit, non-scored cells,
+every commit) run on the replica; grad forwards on ``slow`` against a ``KVCache`` that mirrors every
+commit of the static cache (the same K/V, kept per cell as the recomputation needs them).
+
+Same results: the replica holds the training forward's weights in the dtype that forward computes
+in and runs under the same autocast (``ReplicaMode``); the static cache gives the KVCache's attention
+(bit for bit on a CPU); each cell's text memo (its embedding and every block's cross K/V) is
+recomputed per cell, as the training forward does, into fixed tensors that the graphs read.
+On a CPU (CI) everything runs eagerly over the replica.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from gc25d_core.models.configs import CausalConfig
+from gc25d_core.models.kv_cache import KVCache, StaticKVCache
+from gc25d_core.models.kv_graphs import GraphedKVForward
+from gc25d_core.models.sampler import CausalStreamer
+
+if TYPE_CHECKING:
+    from gc25d_core.models.gcdit import GcDiT, TextContext
+
+__all__ = ["BatchStaticKVCache", "ReplicaMode", "RolloutRunner"]
+
+_WRAP = "_fsdp_wrapped_module."
+
+
+@dataclass(frozen=True)
+class ReplicaMode:
+    """How the training forward computes, so that the replica computes the same: its weights'
+    ``dtype`` (FSDP's bf16 mixed precision: bf16; fp32 masters under autocast: fp32), ``autocast``
+    (bf16 autocast around each forward), ``cast_inputs`` (FSDP's root casts float inputs to the
+    weights' dtype) and ``fp32_out`` (accelerate converts the outputs to fp32)."""
+
+    dtype: torch.dtype = torch.float32
+    autocast: bool = False
+    cast_inputs: bool = False
+    fp32_out: bool = False
+
+    @property
+    def activ_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.autocast else self.dtype
+
+
+class BatchStaticKVCache(StaticKVCache):
+    """``StaticKVCache`` for a batch of streams (B rollouts, one per sample; the buffers take the
+    batch of the first forward). ``mirror``: a ``KVCache`` that receives a copy of every committed
+    cell's K/V (the grad forwards of a training module read it)."""
+
+    mirror: KVCache | None = None
+
+    def _alloc(self, layer: int, k: torch.Tensor) -> None:
+        shape = (k.shape[0], (self.slots + 1) * self.tokens_per_cell, k.shape[2])
+        self.k_raw[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        self.k_rot[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        self.v_buf[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+
+    def end(self, commit: bool) -> None:
+        if commit and self.mirror is not None and self._cell is not None:
+            # the committed cell's slot, before ``end`` compacts the buffers for the next cell
+            n, lo, cell, m = (
+                self.tokens_per_cell,
+                len(self.cells) * self.tokens_per_cell,
+                self._cell,
+                self.mirror,
+            )
+            pending = {}
+            for layer in range(self.num_layers):
+                k, v = self.k_raw[layer], self.v_buf[layer]
+                assert k is not None and v is not None
+                pending[layer] = (k[:, lo : lo + n].clone(), v[:, lo : lo + n].clone())
+            m.begin(cell)
+            m._pending = pending
+            m.end(commit=True)
+        super().end(commit)
+
+
+class _MemoRope:
+    """A ``RopeTable`` whose ``token_freqs`` keeps each (positions, grid) table it made: the table
+    builds from a host index (a blocking copy, so a device sync), and a rollout's cells ask for the
+    same few tables again and again (``StaticKVCache._set_freqs``, once per query cell)."""
+
+    def __init__(self, rope: Any):
+        self.rope = rope
+        self.memo: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def token_freqs(self, time_pos: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (tuple(time_pos.tolist()), h, w)
+        if key not in self.memo:
+            self.memo[key] = self.rope.token_freqs(time_pos, h, w)
+        return self.memo[key]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rope, name)
+
+
+class _TextSlot:
+    """One cell's text context for the replica, in fixed tensors: the raw bank ``[B, P, Lc, Dt]``
+    (P padded to the batch: the distinct prompts of a batch are at most B), the index ``[B, 1]`` and
+    the memo (text embedding, each block's cross K/V), refreshed in place per cell."""
+
+    def __init__(self, model: GcDiT):
+        self.model = model
+        self.ctx: TextContext | None = None
+
+    def _memo(self, raw: torch.Tensor, index: torch.Tensor) -> dict[Any, Any]:
+        from gc25d_core.models.gcdit import TextContext
+
+        fresh = TextContext(raw, index)
+        bound = fresh.bind(self.model.text_embedding)
+        for block in self.model.blocks:
+            bound.kv(block.cross_attn)
+        return fresh._shared
+
+    @torch.no_grad()
+    def load(self, raw: torch.Tensor, index: torch.Tensor, batch: int) -> TextContext:
+        from gc25d_core.models.gcdit import TextContext
+
+        if raw.device.type == "cuda" and index.device.type == "cpu":  # no device sync per cell
+            index = index.long().pin_memory().to(raw.device, non_blocking=True)
+        index = index.to(raw.device).long()
+        if raw.shape[1] < batch:  # rows no index points at: the shapes stay the batch's
+            pad = raw.new_zeros(raw.shape[0], batch - raw.shape[1], *raw.shape[2:])
+            raw = torch.cat([raw, pad], dim=1)
+        ctx = self.ctx
+        if ctx is None or ctx.raw.shape != raw.shape or ctx.index is None or ctx.index.shape != index.shape:
+            ctx = self.ctx = TextContext(raw.clone(), index.clone())
+            ctx._shared.update(self._memo(ctx.raw, index))
+            return ctx
+        assert ctx.index is not None
+        ctx.raw.copy_(raw)
+        ctx.index.copy_(index)
+        for key, new in self._memo(ctx.raw, ctx.index).items():
+            old = ctx._shared[key]
+            pairs = zip(old, new, strict=True) if isinstance(old, tuple) else [(old, new)]
+            for o, n in pairs:
+                o.copy_(n)
+        return ctx
+
+
+class _Route:
+    """The forward a rollout's streamer calls: no-grad forwards on the replica (graphs where they
+    apply) against the static cache, grad forwards on ``slow`` against the cache's mirror."""
+
+    def __init__(self, runner: RolloutRunner, slow: Callable[..., Any] | None, mirror: KVCache | None):
+        self.runner, self.slow, self.mirror = runner, slow, mirror
+
+    def __call__(
+        self, latent: torch.Tensor, timestep: Any, text: TextContext, sem_ids: Any = None, **kw: Any
+    ):
+        if torch.is_grad_enabled():
+            from gc25d_core.models.gcdit import TextContext
+
+            if self.slow is None or self.mirror is None:
+                raise RuntimeError("a grad forward in a rollout started without a training forward (slow=)")
+            assert text.index is not None
+            # its own copy: the slot is rewritten by the next cell, before this forward's backward
+            own = TextContext(text.raw.clone(), text.index.clone())
+            return self.slow(latent, timestep, own, sem_ids, **{**kw, "cache": self.mirror})
+        return self.runner.replica_forward(latent, timestep, text, sem_ids, **kw)
+
+
+class RolloutRunner:
+    """A no-grad replica of a generator and the state its fast rollouts reuse (static cache, graphs,
+    text slot). ``load`` copies the generator's current weights in place (the graphs keep pointing at
+    them); ``streamer`` gives a ``CausalStreamer`` over it for one rollout. Derived state: rebuilt
+    from the generator, never saved."""
+
+    def __init__(self, template: GcDiT, mode: ReplicaMode, device: torch.device, graphs: bool = True):
+        from gc25d_core.models.gcdit import GcDiT
+
+        with torch.device("meta"):
+            replica = GcDiT(template.gc_config)
+        replica = replica.to_empty(device=device).to(mode.dtype)
+        replica.requires_grad_(False).eval()
+        replica.check_sem_ids = template.check_sem_ids
+        replica.track_stats = False
+        self.model, self.mode, self.device = replica, mode, device
+        self.graphs = GraphedKVForward(replica) if graphs and device.type == "cuda" else None
+        if self.graphs is not None:
+            # the vocab check of the ids syncs the device, which a capture cannot hold (training
+            # checks the ids on the host: train.model.build_model turns it off on the generator too)
+            replica.check_sem_ids = False
+        self.text = _TextSlot(replica)
+        self.cache: BatchStaticKVCache | None = None
+        self.version: Any = None  # what the caller says the weights are (e.g. the optimizer step)
+        self._timesteps: dict[tuple[float, int], torch.Tensor] = {}
+
+    @torch.no_grad()
+    def load(self, named: Iterable[tuple[str, torch.Tensor]], version: Any = None) -> None:
+        """Copy the generator's full weights (names as the template's, FSDP wrappers stripped)."""
+        own = dict(self.model.named_parameters())
+        seen = set()
+        for name, value in named:
+            name = name.replace(_WRAP, "")
+            if name not in own:
+                raise KeyError(f"rollout replica: the generator's parameter {name} is not the replica's")
+            own[name].copy_(value)
+            seen.add(name)
+        if seen != set(own):
+            raise KeyError(f"rollout replica: no weights for {sorted(set(own) - seen)[:5]}")
+        self.version = version
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.mode.autocast)
+
+    def replica_forward(self, latent: torch.Tensor, timestep: Any, text: Any, sem_ids: Any = None, **kw: Any):
+        if self.mode.cast_inputs and latent.is_floating_point():
+            latent = latent.to(self.mode.dtype)
+        if latent.is_cuda and isinstance(timestep, float):  # a device tensor: no host copy per forward
+            key = (timestep, latent.shape[0])
+            if key not in self._timesteps:
+                self._timesteps[key] = torch.full((latent.shape[0],), timestep, device=latent.device)
+            timestep = self._timesteps[key]
+        fwd = self.graphs if self.graphs is not None else self.model
+        with self._autocast():
+            out = fwd(latent, timestep, text, sem_ids, **kw)
+        return out.float() if out is not None and self.mode.fp32_out else out
+
+    def cell_text(self, raw: torch.Tensor, index: torch.Tensor) -> TextContext:
+        """The cell's text context (``text.TextTable.context`` output: bank + index)."""
+        with self._autocast():
+            return self.text.load(raw, index, batch=int(index.shape[0]))
+
+    def streamer(
+        self,
+        spec: CausalConfig,
+        timesteps: Sequence[float],
+        anchor: torch.Tensor,
+        slow: Callable[..., Any] | None = None,
+        checkpoint: bool = False,
+    ) -> CausalStreamer:
+        """A streamer for one rollout from ``anchor`` [B, C, 1, H, W] (its prefill is ``start``'s).
+        ``slow``: the training forward that runs the grad forwards (a generator update's exits)."""
+        hw = tuple(int(s) for s in anchor.shape[-2:])
+        key = (hw, anchor.device, anchor.dtype)
+        c = self.cache
+        batch_changed = c is not None and c.k_raw[0] is not None and c.k_raw[0].shape[0] != anchor.shape[0]
+        if c is None or c.grid_key != key or c.spec != spec or batch_changed:
+            m = self.model
+            grid = (hw[0] // m.patch_size[1], hw[1] // m.patch_size[2])
+            rope = _MemoRope(m.rope_table(anchor.device, self.mode.activ_dtype))
+            c = self.cache = BatchStaticKVCache(spec, len(m.blocks), grid, m.num_heads, cast(Any, rope))
+            c.grid_key = key
+            if self.graphs is not None:
+                self.graphs.reset()
+        c.mirror = None if slow is None else self.model.new_kv_cache(spec, hw)
+        s = CausalStreamer(
+            self.model,
+            spec,
+            timesteps,
+            forward=_Route(self, slow, c.mirror),
+            static_kv=True,
+            checkpoint=checkpoint,
+        )
+        s.cache = c
+        return s
+
+    def start(self, streamer: CausalStreamer, anchor: torch.Tensor, text: TextContext, sem_ids: Any) -> None:
+        """``streamer.start`` under the replica's autocast (the prefill is a replica forward)."""
+        with self._autocast():
+            streamer.start(anchor, text, sem_ids)

@@ -1,0 +1,197 @@
+"""The rollout fast path (models.fast_rollout): the causal sampler run on a replica of the generator
+against a batch static KV cache (CUDA graphs on a GPU) gives the rollout of the training module
+through the dynamic KVCache, bit for bit: no-grad, and with the exit forwards of the last cells
+carrying gradients on the training module (recomputed in backward) against the mirror of the static
+cache. On a CPU the replica runs eagerly; the ``gpu`` test replays the graphs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from gc25d_core.models.configs import CausalConfig
+from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
+from gc25d_core.models.gcdit import TextContext
+from gc25d_core.models.sampler import CausalStreamer
+from gc25d_core.models.sem_cond import cell_frame_slice
+
+from .tiny import make_inputs, make_model
+
+# a window of 3 with one sink and a RoPE cap of 5 over 9 cells: every fill level, eviction, the cap
+SPEC = CausalConfig(sink=1, window=3, rope_cap=5)
+AXIS = (1000.0, 750.0, 500.0, 250.0)
+CELLS, HORIZON = 9, 4
+
+
+# tests/conftest.py's: bit-for-bit comparisons on one CPU thread
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _inputs(batch: int, distinct: bool, device: str = "cpu"):
+    latents, context, ids = make_inputs(CELLS, seed=7, batch=batch)
+    anchor = latents[:, :, :1].to(device)
+    if distinct:  # a bank of the batch's prompts per cell (text.TextTable.context: P = B)
+        banks = [context[:, c][None].expand(batch, -1, -1, -1) for c in range(CELLS)]
+        index = torch.arange(batch)[:, None]
+    else:  # one prompt for the batch (P = 1 < B: the slot pads the bank)
+        banks = [context[:1, c : c + 1].expand(batch, -1, -1, -1) for c in range(CELLS)]
+        index = torch.zeros(batch, 1, dtype=torch.long)
+    return anchor, [b.to(device) for b in banks], index, ids.to(device)
+
+
+def _rollout(streamer, start, text, anchor, banks, index, ids, exit_step: int, grad: bool, seed: int):
+    gen = torch.Generator(device=anchor.device).manual_seed(seed)
+    with torch.no_grad():
+        start(anchor, text(banks[0], index), ids[:, cell_frame_slice(0)])
+    out = []
+    for cell in range(1, CELLS):
+        scored = cell >= CELLS - HORIZON
+        x0 = streamer.step(
+            text(banks[cell], index),
+            ids[:, cell_frame_slice(cell)],
+            generator=gen,
+            exit_step=exit_step,
+            grad=grad and scored,
+        )
+        out.append(x0.float())
+    return torch.cat(out, dim=2)
+
+
+def _module_rollout(model, forward, *args, exit_step: int, grad: bool, seed: int = 0):
+    streamer = CausalStreamer(model, SPEC, AXIS, forward=forward, checkpoint=True)
+    return _rollout(
+        streamer, streamer.start, TextContext.build, *args, exit_step=exit_step, grad=grad, seed=seed
+    )
+
+
+def _fast_rollout(runner: RolloutRunner, slow, anchor, *args, exit_step: int, grad: bool, seed: int = 0):
+    streamer = runner.streamer(SPEC, AXIS, anchor, slow=slow if grad else None, checkpoint=True)
+
+    def start(*a):
+        runner.start(streamer, *a)
+
+    return _rollout(
+        streamer, start, runner.cell_text, anchor, *args, exit_step=exit_step, grad=grad, seed=seed
+    )
+
+
+def _runner(model, mode: ReplicaMode, device: str) -> RolloutRunner:
+    runner = RolloutRunner(model, mode, torch.device(device))
+    runner.load(model.named_parameters(), version=0)
+    return runner
+
+
+@pytest.mark.parametrize("distinct", [True, False], ids=["bank_of_B", "one_prompt"])
+def test_fast_no_grad_rollout_equals_the_module_rollout(distinct):
+    torch.manual_seed(0)
+    model = make_model(seed=1)
+    runner = _runner(model, ReplicaMode(), "cpu")
+    args = _inputs(batch=2, distinct=distinct)
+    with torch.no_grad():
+        for exit_step in (3, 1):  # the deploy rollout, and an early exit
+            ref = _module_rollout(model, model, *args, exit_step=exit_step, grad=False, seed=exit_step)
+            # twice on the same runner: the second rollout reuses the cache, the slot and its memo
+            for _ in range(2):
+                fast = _fast_rollout(runner, None, *args, exit_step=exit_step, grad=False, seed=exit_step)
+                assert torch.equal(fast, ref)
+    assert runner.cache is not None and runner.cache.k_raw[0] is not None
+    assert runner.cache.k_raw[0].shape[0] == 2  # one static buffer for the batch
+
+
+def test_fast_grad_rollout_equals_the_module_rollout_in_values_and_gradients():
+    """The exit forwards of the last cells run on the training module, recomputed in backward,
+    against the mirror of the replica's commits: the same clip and the same gradients."""
+    model = make_model(seed=2).train()
+    runner = _runner(model, ReplicaMode(), "cpu")
+    args = _inputs(batch=2, distinct=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for fast in (False, True):
+        if fast:
+            x = _fast_rollout(runner, model, *args, exit_step=2, grad=True)
+        else:
+            x = _module_rollout(model, model, *args, exit_step=2, grad=True)
+        weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+        results.append((x.detach(), torch.autograd.grad((x * weight).sum(), params)))
+    (x_ref, g_ref), (x_fast, g_fast) = results
+    assert torch.equal(x_fast, x_ref)
+    assert all(torch.equal(a, b) for a, b in zip(g_fast, g_ref, strict=True))
+    assert any(g.abs().sum() > 0 for g in g_fast)
+
+
+def test_a_stale_replica_gives_another_rollout_and_load_refreshes_it():
+    """The replica holds the weights it was loaded with (the stage reloads it per optimizer step)."""
+    model = make_model(seed=3)
+    runner = _runner(model, ReplicaMode(), "cpu")
+    args = _inputs(batch=1, distinct=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+        ref = _module_rollout(model, model, *args, exit_step=3, grad=False)
+        stale = _fast_rollout(runner, None, *args, exit_step=3, grad=False)
+        runner.load(model.named_parameters(), version=1)
+        fresh = _fast_rollout(runner, None, *args, exit_step=3, grad=False)
+    assert not torch.equal(stale, ref) and torch.equal(fresh, ref)
+    with pytest.raises(KeyError, match="not the replica's"):
+        runner.load([("no.such.weight", torch.zeros(1))])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fsdp_bf16", "torch_bf16"])
+def test_cuda_rollout_equals_the_module_rollout(kind):
+    """On CUDA: the replica run eagerly gives the training forward's rollout bit for bit (the same
+    kernels), for FSDP's bf16 weights (inputs cast, bf16 autocast, fp32 outputs as accelerate gives)
+    and for fp32 weights under bf16 autocast (the torch engine); and so do its forwards replayed from
+    CUDA graphs (one per fill level: the captured kernels are the eager ones), no-grad and with the
+    grad exit forwards on the training forward. The relative errors are printed (H200, 2026-12-02:
+    0.0 everywhere)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    master = make_model(seed=4).cuda().train()
+    master.check_sem_ids = False  # as train.model.build_model leaves a trained model
+    if kind == "fsdp_bf16":
+        mode = ReplicaMode(dtype=torch.bfloat16, autocast=True, cast_inputs=True, fp32_out=True)
+        module = copy.deepcopy(master).to(torch.bfloat16)
+
+        def forward(x, *a, **k):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = module(x.to(torch.bfloat16), *a, **k)
+            return None if out is None else out.float()
+    else:
+        mode = ReplicaMode(dtype=torch.float32, autocast=True)
+        module = master
+
+        def forward(*a, **k):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return module(*a, **k)
+
+    args = _inputs(batch=2, distinct=True, device="cuda")
+    params = [p for p in module.parameters() if p.requires_grad]
+    with torch.no_grad():
+        ref = _module_rollout(module, forward, *args, exit_step=3, grad=False, seed=5)
+    x_ref = _module_rollout(module, forward, *args, exit_step=1, grad=True, seed=6)
+    weight = torch.randn(x_ref.shape, generator=torch.Generator().manual_seed(4)).cuda()
+    g_ref = torch.autograd.grad((x_ref * weight).sum(), params)
+    for graphs in (False, True):
+        runner = RolloutRunner(master, mode, torch.device("cuda"), graphs=graphs)
+        runner.load(master.named_parameters(), version=0)
+        with torch.no_grad():
+            for _ in range(2):  # with graphs: captures, then replays only
+                fast = _fast_rollout(runner, None, *args, exit_step=3, grad=False, seed=5)
+        x = _fast_rollout(runner, forward, *args, exit_step=1, grad=True, seed=6)
+        g = torch.autograd.grad((x * weight).sum(), params)
+        errs = [_rel(fast, ref), _rel(x, x_ref), *(_rel(a, b) for a, b in zip(g, g_ref, strict=True))]
+        print(
+            f"{kind} graphs={graphs}: rollout {errs[0]:.2e}, grad rollout {errs[1]:.2e}, grads max {max(errs[2:]):.2e}"
+        )
+        if graphs:
+            assert runner.graphs is not None and runner.graphs.disabled is None, runner.graphs.disabled
+            assert runner.graphs.replays > 0
+        assert torch.equal(fast, ref) and torch.equal(x, x_ref), errs
+        assert all(torch.equal(a, b) for a, b in zip(g, g_ref, strict=True)), errs
