@@ -729,14 +729,14 @@ SUITES: dict[str, Suite] = {
     ),
     "stages3": Suite(
         "nvidia-h200",
-        "stage 3 at 10 of 30 blocks, its rollout's exit forwards recomputed (the preset) and not ({1})",
+        "stage 3 at 10 of 30 blocks on the fast rollout path (the preset) beside the module path, or the runs {1}",
         stages(
             "s3",
             370,
             "--runs {1} --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170",
             alloc=True,
         ),
-        defaults=("s3,s3+nockpt",),
+        defaults=("s3+module,s3",),
     ),
     "stages-multi": Suite(
         "nvidia-h200-x8",
