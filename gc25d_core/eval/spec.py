@@ -39,6 +39,12 @@ class EvalConfig(Strict):
     seed: int = 0
     psnr_cap_db: float = Field(default=PSNR_CAP_DB, gt=0)
     decode: bool = Field(default=True, description="decode rollouts for the pixel metrics (needs the VAE)")
+    live_sweeps: list[str] = Field(
+        default_factory=list, description="live sessions scored against the code world (eval.live)"
+    )
+    live_cells: int | None = Field(
+        default=None, ge=2, description="shorten the live sweeps to this many cells (tests)"
+    )
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,9 @@ class EvalOutput(Strict):
     not_evaluated: list[str]
     plots: list[str]  # file names under the run folder, in the order report.md shows them
     num_cases: dict[str, int]
+    # rollouts computed by this run per sweep, and the (export/sweep) rows taken from kept results
+    computed: dict[str, int] = Field(default_factory=dict)
+    kept: list[str] = Field(default_factory=list)
 
 
 M = TypeVar("M", "EvalInput", "EvalOutput")
