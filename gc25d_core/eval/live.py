@@ -57,7 +57,10 @@ class LiveSweep:
 
     def segments(self) -> list[tuple[int, int]]:
         """Inclusive cell ranges of the segments (cell 0, the anchor, belongs to none)."""
-        return [(a, min(a + self.segment_cells - 1, self.cells)) for a in range(1, self.cells + 1, self.segment_cells)]
+        return [
+            (a, min(a + self.segment_cells - 1, self.cells))
+            for a in range(1, self.cells + 1, self.segment_cells)
+        ]
 
     def rollout_cells(self, kind: str) -> int:
         return self.change_cell + self.after_cells - 1 if kind == "changed" else self.cells
@@ -122,7 +125,9 @@ def session_script(seed: int, num_cells: int) -> list[np.ndarray]:
         for _ in range(int(rng.integers(16, 24))):  # fighting, two cells an action
             kind = int(rng.integers(0, 5))
             fight += [
-                [_block(attack=1), _block(attack=2), _block(dodge=1), _block(stance=2), _block(3 + kind % 2)][kind]
+                [_block(attack=1), _block(attack=2), _block(dodge=1), _block(stance=2), _block(3 + kind % 2)][
+                    kind
+                ]
             ] * 2
         back = [
             _block(_REVERSE[int(b[0])], run=int(b[1])) for b in reversed(outbound)

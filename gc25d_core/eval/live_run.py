@@ -107,7 +107,9 @@ def run_live(
         if kind == "changed":
             extra["changed_truth"] = L.render_truth(backend, plays[name]["changed"]).frames
         done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
-        log(f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {np.mean(done[label, name, kind]['psnr']):.2f} dB")
+        log(
+            f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {np.mean(done[label, name, kind]['psnr']):.2f} dB"
+        )
     parts: list[Any] | None = [done]
     if dist_active():
         import torch.distributed as dist

@@ -152,7 +152,9 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
     revisit = {
         "cells": len(pairs),
         "psnr": M.nan_mean(M.nan_mean(own["psnr"][_frames_of(range(c, c + 1))]) for c, _ in pairs),
-        "psnr_first_visit": M.nan_mean(M.nan_mean(own["psnr"][_frames_of(range(e, e + 1))]) for _, e in pairs),
+        "psnr_first_visit": M.nan_mean(
+            M.nan_mean(own["psnr"][_frames_of(range(e, e + 1))]) for _, e in pairs
+        ),
     }
     revisit["consistency_db"] = revisit["psnr"] - revisit["psnr_first_visit"]
     psnr_cell = [M.nan_mean(own["psnr"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)]

@@ -34,7 +34,7 @@ from gc25d_core.eval.evaluate import (
     roll_cases,
     vae_decoder,
 )
-from gc25d_core.eval.live import LiveBackend, LiveSweep, live_sweep
+from gc25d_core.eval.live import KINDS, LiveBackend, LiveSweep, live_sweep
 from gc25d_core.eval.live_run import run_live
 from gc25d_core.eval.report import strips_of, write_reports
 from gc25d_core.eval.spec import (
@@ -91,7 +91,9 @@ def with_sha256(export: EvalExport) -> EvalExport:
 def clip_sweep_doc(sweep: str, spec: EvalInput, cases: list[Case]) -> dict[str, Any]:
     """What a dataset sweep's row depends on besides the export: its settings, snapshot and cases."""
     e = spec.eval
-    settings = e.model_dump(mode="json", exclude={"live_sweeps", "live_cells", "clip28_clips", "chain241_chains"})
+    settings = e.model_dump(
+        mode="json", exclude={"live_sweeps", "live_cells", "clip28_clips", "chain241_chains"}
+    )
     settings = {k: v for k, v in settings.items() if not k.endswith("_cells") or k.startswith(sweep)}
     return {
         "sweep": sweep,
@@ -202,23 +204,29 @@ def run_eval(
         sub = {s: c for s, c in cases.items() if (e.label, s) in todo}
         if not sub:
             continue
-        result = evaluate_shared(e, cfg, spec, sub, Reference(clips, vae_decoder(vae) if ecfg.decode else None), device, rep)
+        result = evaluate_shared(
+            e, cfg, spec, sub, Reference(clips, vae_decoder(vae) if ecfg.decode else None), device, rep
+        )
         for s in sub:
             computed[s] += len(sub[s])
             if result is not None:
-                rows[e.label, s] = {"sampler": result["sampler"], "sweep": result["sweeps"][s], "strip": result["strips"].get(s)}
+                rows[e.label, s] = {
+                    "sampler": result["sampler"],
+                    "sweep": result["sweeps"][s],
+                    "strip": result["strips"].get(s),
+                }
                 store.put(keys[e.label, s], rows[e.label, s])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    pending = [(e, s) for e in unique for s in live if (e.label, s.name) in todo]
+    pending = [(e, ls) for e in unique for ls in live if (e.label, ls.name) in todo]
     if pending:
         assert live_backend is not None
         got = run_live(cfg, live_backend, vae, pending, run_dir, ecfg.psnr_cap_db, rep.log)
-        for e, s in pending:
-            computed[s.name] += 3
+        for e, ls in pending:
+            computed[ls.name] += len(KINDS)
             if got is not None:
-                rows[e.label, s.name] = got[e.label, s.name]
-                store.put(keys[e.label, s.name], got[e.label, s.name])
+                rows[e.label, ls.name] = got[e.label, ls.name]
+                store.put(keys[e.label, ls.name], got[e.label, ls.name])
     rep.log(f"computed {computed}; kept {len(kept)} rows of earlier runs")
     out = None
     if rank == 0:

@@ -28,7 +28,17 @@ from gc25d_core.config import Gc25dConfig
 STORE_DIR = "eval_results"
 _CORE = Path(__file__).resolve().parents[1]
 # the sources a result's numbers come from (relative to gc25d_core/)
-CODE_SOURCES = ("eval", "models", "deploy", "codeworld", "capsules.py", "text.py", "vocab.py", "geometry.py", "flow.py")
+CODE_SOURCES = (
+    "eval",
+    "models",
+    "deploy",
+    "codeworld",
+    "capsules.py",
+    "text.py",
+    "vocab.py",
+    "geometry.py",
+    "flow.py",
+)
 
 
 def code_version(root: Path = _CORE, sources: tuple[str, ...] = CODE_SOURCES) -> str:
@@ -46,7 +56,9 @@ def context_doc(cfg: Gc25dConfig) -> dict[str, Any]:
     from gc25d_core.models.vae_fit import resolve_vae_file
 
     found = resolve_vae_file(cfg)
-    doc = cfg.model_dump(mode="json", include={"vocab", "seed", "device", "geometry", "timeline", "text", "vae"})
+    doc = cfg.model_dump(
+        mode="json", include={"vocab", "seed", "device", "geometry", "timeline", "text", "vae"}
+    )
     doc["vae_sha256"] = None if found is None else found[1]
     return doc
 

@@ -41,7 +41,9 @@ def test_an_offset_and_a_shifted_frame_drop_by_the_expected_amounts():
     noise = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     shifted = np.roll(noise, 1, axis=1)
     d = noise.astype(float) - shifted
-    assert M.psnr_per_frame(shifted[None], noise[None])[0] == pytest.approx(M.psnr_from_mse(float(np.mean(d * d))))
+    assert M.psnr_per_frame(shifted[None], noise[None])[0] == pytest.approx(
+        M.psnr_from_mse(float(np.mean(d * d)))
+    )
     assert M.ssim(shifted, noise) < 0.1  # white noise moved by a pixel shares no structure
     assert M.slope_per([0, 1, 2], [30.0, 29.0, 28.0]) == pytest.approx(-1.0)
     assert math.isnan(M.slope_per([0, 1], [1.0, math.nan]))
@@ -52,7 +54,9 @@ def test_the_script_walks_fights_and_comes_back():
     assert len(a) == 240 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(a, L.session_script(1, 240), strict=True))
     blocks = np.stack(a)
-    assert (blocks[:, 1] == 1).any() and (blocks[:, 2] > 0).any() and (blocks[:, 3] == 1).any()  # runs, fights
+    assert (
+        (blocks[:, 1] == 1).any() and (blocks[:, 2] > 0).any() and (blocks[:, 3] == 1).any()
+    )  # runs, fights
     assert {1, 2} <= set(blocks[:, 0].tolist())  # out and back
     changed = L.changed_script(a, 24)
     assert [i for i in range(240) if not np.array_equal(changed[i], a[i])] == [23]
@@ -112,7 +116,9 @@ def test_a_rerun_computes_nothing_and_a_changed_export_only_its_rows(world):
     root, cfg, backend, _ = world
     ecfg = EvalConfig(clip28_clips=0, chain241_chains=0, live_sweeps=["live240"], live_cells=CELLS)
     s1 = exports_of_handoff("stage1_tf", random_teacher(cfg, root, causal=True), root)
-    s2 = exports_of_handoff("stage2_cd", random_teacher(cfg, root, seed=1, causal=True, stage="stage2_cd"), root)
+    s2 = exports_of_handoff(
+        "stage2_cd", random_teacher(cfg, root, seed=1, causal=True, stage="stage2_cd"), root
+    )
     # one file named twice (a label of the same SHA256) is evaluated once
     exports = [*s1, s2[0], replace(s1[0], label="stage1_again")]
     run_dir = root / "eval_run"
@@ -129,7 +135,9 @@ def test_a_rerun_computes_nothing_and_a_changed_export_only_its_rows(world):
     assert again is not None and again.computed == {"live240": 0}
     assert (run_dir / "table.md").read_text() == table
     # stage 2 trained on: a new file, its rows alone computed again
-    s2b = exports_of_handoff("stage2_cd", random_teacher(cfg, root, seed=2, causal=True, stage="stage2_cd"), root)
+    s2b = exports_of_handoff(
+        "stage2_cd", random_teacher(cfg, root, seed=2, causal=True, stage="stage2_cd"), root
+    )
     write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=1, eval=ecfg, exports=[*s1, s2b[0]]))
     third = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
     assert third is not None and third.computed == {"live240": 3} and third.kept == ["stage1_tf/live240"]
