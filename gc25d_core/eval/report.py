@@ -228,6 +228,18 @@ def _smooth(values: Sequence[float | None], k: int) -> list[float | None]:
     return out
 
 
+def _strip_lines(
+    results: Sequence[dict[str, Any]], sweep: str, plots: dict[str, bytes], rows: str
+) -> list[str]:
+    """report.md's lines of each export's strip on ``sweep`` (those written)."""
+    out = []
+    for r in results:
+        strip = f"{r['export']['label']}/{sweep}_strip.png"
+        if strip in plots:
+            out += [f"{r['export']['label']}: {rows}", "", f"![strip]({strip})", ""]
+    return out
+
+
 @dataclass
 class ReportFiles:
     folder: Path
@@ -264,10 +276,7 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
             atomic_write_bytes(out_dir / name, png)
             files.plots[name] = png
             md += [f"![{name}]({name})", ""]
-        for r in results:
-            strip = f"{r['export']['label']}/{sweep}_strip.png"
-            if strip in files.plots:
-                md += [f"{r['export']['label']}: truth | generated | ids", "", f"![strip]({strip})", ""]
+        md += _strip_lines(results, sweep, files.plots, "truth | generated | ids")
     files.table = table
     sweeps = sorted({s for r in results for s in r["sweeps"] if not s.startswith("live")})
     for sweep in sweeps:
@@ -285,15 +294,7 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
             atomic_write_bytes(out_dir / name, png)
             files.plots[name] = png
             md += [f"![{sweep} {key}]({name})", ""]
-        for r in results:
-            strip = f"{r['export']['label']}/{sweep}_strip.png"
-            if strip in files.plots:
-                md += [
-                    f"{r['export']['label']}: ground truth | generated | ids",
-                    "",
-                    f"![strip]({strip})",
-                    "",
-                ]
+        md += _strip_lines(results, sweep, files.plots, "ground truth | generated | ids")
     md.append(REPORT_NOTES.format(cap=cap_db))
     if live:
         md.append(LIVE_NOTES)

@@ -30,6 +30,7 @@ from gc25d_core.eval.evaluate import (
     Reference,
     assemble,
     build_sampler,
+    export_doc,
     load_cases,
     roll_cases,
     vae_decoder,
@@ -182,7 +183,7 @@ def run_eval(
 
         vae = build_vae_for(cfg, device)
     live_backend = backend(vae, device) if backend is not None and live else None
-    code, ctx, store = code_version(), context_doc(cfg), ResultStore.of(cfg)
+    code, ctx, store = code_version(), context_doc(cfg, vae is not None), ResultStore.of(cfg)
     docs: dict[str, dict[str, Any]] = {s: clip_sweep_doc(s, spec, c) for s, c in cases.items()}
     if live_backend is not None:
         docs |= {s.name: live_sweep_doc(s, spec, live_backend.describe()) for s in live}
@@ -259,13 +260,7 @@ def export_result(
     mine = {s: rows[evaluated_as, s] for s in sweeps if (evaluated_as, s) in rows}
     sampler = next((r["sampler"] for s, r in mine.items() if s in ("clip28", "chain241")), None)
     return {
-        "export": {
-            "label": export.label,
-            "path": str(export.path),
-            "sha256": export.sha256,
-            "stage": export.stage,
-            "step": export.step,
-        },
+        "export": export_doc(export),
         "sampler": sampler or next(iter(mine.values()))["sampler"] if mine else {"kind": "none"},
         "eval": ecfg.model_dump(),
         "same_as": evaluated_as if evaluated_as != export.label else None,

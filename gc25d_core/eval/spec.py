@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.eval.metrics import PSNR_CAP_DB
@@ -45,6 +45,16 @@ class EvalConfig(Strict):
     live_cells: int | None = Field(
         default=None, ge=2, description="shorten the live sweeps to this many cells (tests)"
     )
+
+    @field_validator("live_sweeps")
+    @classmethod
+    def _known_live(cls, v: list[str]) -> list[str]:
+        from gc25d_core.eval.live import LIVE_SWEEPS
+
+        unknown = [s for s in v if s not in LIVE_SWEEPS]
+        if unknown:
+            raise ValueError(f"unknown live sweeps {unknown}; known: {sorted(LIVE_SWEEPS)}")
+        return v
 
 
 @dataclass(frozen=True)

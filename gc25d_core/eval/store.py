@@ -51,11 +51,12 @@ def code_version(root: Path = _CORE, sources: tuple[str, ...] = CODE_SOURCES) ->
     return h.hexdigest()
 
 
-def context_doc(cfg: Gc25dConfig) -> dict[str, Any]:
-    """The preset's fields a result depends on (the training sections do not: the export is hashed)."""
+def context_doc(cfg: Gc25dConfig, uses_vae: bool = True) -> dict[str, Any]:
+    """The preset's fields a result depends on (the training sections do not: the export is hashed);
+    the VAE's weights where the eval runs it (decodes, live sessions)."""
     from gc25d_core.models.vae_fit import resolve_vae_file
 
-    found = resolve_vae_file(cfg)
+    found = resolve_vae_file(cfg) if uses_vae else None
     doc = cfg.model_dump(
         mode="json", include={"vocab", "seed", "device", "geometry", "timeline", "text", "vae"}
     )

@@ -19,7 +19,7 @@ from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_h
 from gc25d_core.eval.store import STORE_DIR, ResultStore, code_version, context_doc, row_key
 from gc25d_core.eval.sweeps import Case
 from gc25d_core.train.synthetic import random_teacher
-from tests.eval.world import eval_world
+from tests.eval.world import eval_world, with_random_vae
 
 ROOT = Path(__file__).resolve().parents[2]
 # 2 clip28 cases and 1 chain241 case: 3 cases, so that each of 2 ranks rolls out some (n-th case of
@@ -42,11 +42,7 @@ COMPARED = ("table.md", "summary.json", "report.md", "eval_output.json")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_job")
-    cfg = eval_world(root)
-    # decode with the seeded random tiny VAE (the tiny preset's fitted one is the tiny_vae asset's)
-    cfg = cfg.model_copy(
-        update={"vae": cfg.vae.model_copy(update={"fit": cfg.vae.fit.model_copy(update={"enabled": False})})}
-    )
+    cfg = with_random_vae(eval_world(root))
     sft = exports_of_handoff("sft", random_teacher(cfg, root), root)
     stage1 = exports_of_handoff("stage1_tf", random_teacher(cfg, root, causal=True), root)
     spec = EvalInput(

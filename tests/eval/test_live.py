@@ -20,7 +20,7 @@ from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_h
 from gc25d_core.jobs.eval_live import DeployBackend
 from gc25d_core.report import StdoutReporter
 from gc25d_core.train.synthetic import random_teacher
-from tests.eval.world import eval_world
+from tests.eval.world import eval_world, with_random_vae
 
 CELLS = 8  # a short session: 33 frames, seconds on a CPU
 
@@ -73,10 +73,7 @@ def test_tasks_are_shared_longest_first():
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("live")
-    cfg = eval_world(root)
-    cfg = cfg.model_copy(
-        update={"vae": cfg.vae.model_copy(update={"fit": cfg.vae.fit.model_copy(update={"enabled": False})})}
-    )
+    cfg = with_random_vae(eval_world(root))
     from gc25d_core.models.vae import build_vae_for
 
     vae = build_vae_for(cfg, torch.device("cpu"))

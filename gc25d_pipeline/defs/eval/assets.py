@@ -72,6 +72,9 @@ class EvalRunConfig(dg.Config):
         description="live sessions scored against the code world (live240: 60 s, live2400: 10 min); "
         "default: live240 on a CPU preset (the embedded default), live2400 on a GPU one; [] skips them",
     )
+    live_cells: int | None = Field(
+        default=None, ge=2, description="shorten the live sessions to this many cells (a quick look, tests)"
+    )
 
 
 def available_exports(
@@ -156,7 +159,8 @@ def metadata_of_run(run_dir: Path, spec: EvalInput) -> dict[str, dg.MetadataValu
                 for n in drift
             )
         )
-    out["computed"] = dg.MetadataValue.json({"computed": done.computed, "kept_rows": done.kept})
+    # the job's own metadata adds "computed" (rollouts / cases computed per sweep by this run)
+    out["kept_rows"] = dg.MetadataValue.json(done.kept)
     return out
 
 
