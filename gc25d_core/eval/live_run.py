@@ -101,7 +101,7 @@ def run_live(
         extra: dict[str, Any] = {}
         if kind == "own":
             if name not in latents:
-                latents[name] = L.truth_latents(vae, np.asarray(truth.frames))
+                latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy of the map
             extra["truth_latent"] = latents[name]
             extra["frame_metrics"] = metrics
         if kind == "changed":
