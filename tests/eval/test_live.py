@@ -22,7 +22,7 @@ from gc25d_core.report import StdoutReporter
 from gc25d_core.train.synthetic import random_teacher
 from tests.eval.world import eval_world, with_random_vae
 
-CELLS = 8  # a short session: 33 frames, seconds on a CPU
+CELLS = 6  # a short session: 25 frames, seconds on a CPU
 
 
 def test_identical_frames_score_the_maximum():
