@@ -104,6 +104,8 @@ def _block(move: int = 0, run: int = 0, attack: int = 0, dodge: int = 0, stance:
 # move codes (gc25d_core.deploy.actions): 1 fwd, 2 back, 3 left, 4 right, 5 fwd_left, 6 fwd_right,
 # 7 back_left, 8 back_right
 _REVERSE = {0: 0, 1: 2, 2: 1, 3: 4, 4: 3, 5: 8, 6: 7, 7: 6, 8: 5}
+# light, heavy attack, dodge, guard, side steps
+_FIGHT = (_block(attack=1), _block(attack=2), _block(dodge=1), _block(stance=2), _block(3), _block(4))
 
 
 def session_script(seed: int, num_cells: int) -> list[np.ndarray]:
@@ -121,17 +123,10 @@ def session_script(seed: int, num_cells: int) -> list[np.ndarray]:
             outbound += [_block(int(rng.choice([3, 4, 5, 6])))] * 4
         for _ in range(int(rng.integers(4, 7))):  # running
             outbound += [_block(int(rng.choice([1, 5, 6])), run=1)] * 4
-        fight = []
+        fight: list[np.ndarray] = []
         for _ in range(int(rng.integers(16, 24))):  # fighting, two cells an action
-            kind = int(rng.integers(0, 5))
-            fight += [
-                [_block(attack=1), _block(attack=2), _block(dodge=1), _block(stance=2), _block(3 + kind % 2)][
-                    kind
-                ]
-            ] * 2
-        back = [
-            _block(_REVERSE[int(b[0])], run=int(b[1])) for b in reversed(outbound)
-        ]  # back the way it came: revisits
+            fight += [_FIGHT[int(rng.integers(0, len(_FIGHT)))]] * 2
+        back = [_block(_REVERSE[int(b[0])], run=int(b[1])) for b in reversed(outbound)]  # revisits
         rest = [_block(int(rng.choice([0, 0, 3, 4])))] * int(rng.integers(8, 20))
         out += outbound + fight + back + rest
     return out[:num_cells]
