@@ -204,10 +204,10 @@ def live_plots(results: Sequence[dict[str, Any]], sweep: str) -> dict[str, bytes
         secs = [c / 4 for c in range(len(curves["psnr"]))]
         smooth = {k: _smooth(curves[k], 4) for k in ("psnr", "psnr_other")}
         out[f"{label}/{sweep}_drift.png"] = line_plot_png(
-            {"own ids": smooth["psnr"], "another session's ids": smooth["psnr_other"]},
+            {"own ids": smooth["psnr"], "other ids": smooth["psnr_other"]},
             f"{label} {sweep}: PSNR vs truth (1 s mean), drift {_fmt(x['drift_slope_db_per_min'])} dB/min",
             "PSNR (dB)",
-            x={"own ids": secs, "another session's ids": secs},
+            x={"own ids": secs, "other ids": secs},
             xlabel="s",
         )
         per_seg[label] = [s["psnr"] for s in x["segments"]]
