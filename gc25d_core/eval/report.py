@@ -3,7 +3,9 @@
     <out>/<label>/metrics.json       one export: sampler, config, per-sweep curves, regions, cases
     <out>/<label>/<sweep>_strip.png  ground truth | generated | ids at a few cells of the first case
     <out>/<sweep>_<metric>.png       the per-cell curves of every export on one plot (the drift curve)
-    <out>/table.md  summary.json     the comparison across exports
+    <out>/<label>/live240_drift.png  a live sweep's drift curve: PSNR vs truth per second, own / other ids
+    <out>/live240_psnr.png           every export's live PSNR per segment
+    <out>/table.md  summary.json     the comparison across exports (table.md: then each live sweep's table)
     <out>/report.md                  the table, the plots, what the numbers mean
 
 JSON holds no NaN or inf: a missing value (no ground truth there) is null; PSNR is capped
