@@ -36,7 +36,7 @@ project = Gc25dProject(
     overrides=[f"cache.store={args['store']}"],
     store=ArtifactStore(data_root=args["data"], runs_root=args["runs"]),
 )
-eval_config = {"clip28_clips": 1, "chain241_chains": 0, "teacher_steps": 1, "decode": False}
+eval_config = {"clip28_clips": 1, "chain241_chains": 0, "teacher_steps": 1, "decode": False, "live_sweeps": []}
 with dg.instance_for_test() as instance:
     instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
     result = dg.materialize(

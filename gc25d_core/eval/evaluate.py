@@ -368,6 +368,17 @@ def roll_cases(
     return out
 
 
+def export_doc(export: EvalExport) -> dict[str, Any]:
+    """An export as the results name it."""
+    return {
+        "label": export.label,
+        "path": str(export.path),
+        "sha256": export.sha256,
+        "stage": export.stage,
+        "step": export.step,
+    }
+
+
 def assemble(
     export: EvalExport,
     sampler: dict[str, Any],
@@ -378,13 +389,7 @@ def assemble(
     """One export's result from the scores of all its cases (``roll_cases`` of every rank), each
     sweep aggregated over its cases in their order; ``sampler`` is the sampler's ``describe()``."""
     out: dict[str, Any] = {
-        "export": {
-            "label": export.label,
-            "path": str(export.path),
-            "sha256": export.sha256,
-            "stage": export.stage,
-            "step": export.step,
-        },
+        "export": export_doc(export),
         "sampler": sampler,
         "eval": ecfg.model_dump(),
         "sweeps": {},

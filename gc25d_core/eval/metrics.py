@@ -156,3 +156,56 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+# ------------------------------------------------------------------------------------------------
+# per-frame scores of a live session (gc25d_core.eval.live)
+
+
+def psnr_per_frame(gen: np.ndarray, gt: np.ndarray, cap: float = PSNR_CAP_DB) -> list[float]:
+    """PSNR (dB, capped) of each frame of uint8 [F, h, w, 3] against the same frames of ``gt``."""
+    if gen.shape != gt.shape or gen.dtype != np.uint8 or gt.dtype != np.uint8:
+        raise ValueError(f"frames {gen.dtype} {gen.shape} / {gt.dtype} {gt.shape}: need equal uint8 shapes")
+    d = gen.astype(np.float64) - gt.astype(np.float64)
+    return [psnr_from_mse(float(m), cap=cap) for m in (d * d).reshape(d.shape[0], -1).mean(axis=1)]
+
+
+# Wang et al. 2004 (the reference SSIM): an 11×11 Gaussian window of σ 1.5, K1 = 0.01, K2 = 0.03
+_SSIM_C1, _SSIM_C2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+
+
+def ssim(a: np.ndarray, b: np.ndarray) -> float:
+    """SSIM of two uint8 [h, w, 3] images: the mean of the Gaussian-window SSIM map over pixels and
+    channels (1.0 for identical images). Written with OpenCV's Gaussian filter (a dependency already):
+    scikit-image's ``structural_similarity(gaussian_weights=True, sigma=1.5)`` computes the same map
+    but is not a dependency of this project, and one formula does not justify adding it."""
+    import cv2
+
+    if a.shape != b.shape or a.dtype != np.uint8 or b.dtype != np.uint8 or a.ndim != 3:
+        raise ValueError(f"images {a.dtype} {a.shape} / {b.dtype} {b.shape}: need equal uint8 [h, w, 3]")
+    x, y = a.astype(np.float64), b.astype(np.float64)
+
+    def blur(z: np.ndarray) -> np.ndarray:
+        return cv2.GaussianBlur(z, (11, 11), 1.5, borderType=cv2.BORDER_REFLECT)
+
+    mx, my = blur(x), blur(y)
+    sxx, syy, sxy = blur(x * x) - mx * mx, blur(y * y) - my * my, blur(x * y) - mx * my
+    num = (2 * mx * my + _SSIM_C1) * (2 * sxy + _SSIM_C2)
+    den = (mx * mx + my * my + _SSIM_C1) * (sxx + syy + _SSIM_C2)
+    return float(np.mean(num / den))
+
+
+def ssim_per_frame(gen: np.ndarray, gt: np.ndarray) -> list[float]:
+    if gen.shape != gt.shape:
+        raise ValueError(f"frames {gen.shape} / {gt.shape} differ")
+    return [ssim(g, t) for g, t in zip(gen, gt, strict=True)]
+
+
+def slope_per(xs: Sequence[float], ys: Sequence[float], per: float = 1.0) -> float:
+    """Least-squares slope of ``ys`` over ``xs`` (× ``per``: e.g. dB per minute with xs in minutes
+    and per = 1); NaN with fewer than two finite points."""
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if math.isfinite(float(y))]
+    if len(pts) < 2:
+        return math.nan
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0]) * per

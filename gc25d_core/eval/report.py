@@ -3,7 +3,9 @@
     <out>/<label>/metrics.json       one export: sampler, config, per-sweep curves, regions, cases
     <out>/<label>/<sweep>_strip.png  ground truth | generated | ids at a few cells of the first case
     <out>/<sweep>_<metric>.png       the per-cell curves of every export on one plot (the drift curve)
-    <out>/table.md  summary.json     the comparison across exports
+    <out>/<label>/live240_drift.png  a live sweep's drift curve: PSNR vs truth per second, own / other ids
+    <out>/live240_psnr.png           every export's live PSNR per segment
+    <out>/table.md  summary.json     the comparison across exports (table.md: then each live sweep's table)
     <out>/report.md                  the table, the plots, what the numbers mean
 
 JSON holds no NaN or inf: a missing value (no ground truth there) is null; PSNR is capped
@@ -140,6 +142,106 @@ REPORT_NOTES = """\
 """
 
 
+LIVE_NOTES = """\
+## The live sessions
+
+A seeded action script (walk, turn, run, fight the boss, walk back to places seen earlier, idle)
+played by each causal export through the deploy session code, the code world making each cell's
+ids; the truth is the same script through the code world's RGB renderer.
+
+- **PSNR / SSIM** per segment: the decoded frames against the truth (8-bit; SSIM with the 11×11
+  Gaussian window). **latent MSE**: the session's latents against the VAE's encode of the truth.
+- **drift**: least-squares slope of the segments' PSNR, dB per minute (< 0: the picture drifts away).
+- **ΔtPSNR**: PSNR against this session's truth minus that of another script's session (same anchor,
+  same noise): > 0 means the frames follow the ids they are given.
+- **action**: one action changed at a cell; *before* = frames before it that differ (0 for a causal
+  model), *sensitivity* = how much the frames after it change over how much the truth's do,
+  *follows* = dB nearer the changed truth than the unchanged one.
+- **revisit**: PSNR at cells whose camera returns to a view of ≥ 10 s before, minus the PSNR at
+  that first visit (0: remembered as well as first drawn).
+- **flicker**: boundary / within-cell frame differences (the truth's own beside it).
+"""
+
+
+def live_table(results: Sequence[dict[str, Any]], sweep: str) -> str:
+    """Per export: PSNR per segment, the drift slope, ΔtPSNR (its lowest segment), SSIM, the probe."""
+    rows = [r for r in results if sweep in r["sweeps"]]
+    if not rows:
+        return ""
+    segs = rows[0]["sweeps"][sweep]["segments"]
+    heads = [f"PSNR {s['t0_s']:g}–{s['t1_s']:g} s" for s in segs]
+    headers = ["export", "step", *heads, "drift dB/min", "ΔtPSNR", "ΔtPSNR min", "SSIM", "latent MSE"]
+    headers += ["action before", "sensitivity", "follows dB", "revisit dB", "flicker"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in rows:
+        x = r["sweeps"][sweep]
+        sg = x["segments"]
+
+        def mean(key: str, sg: list[dict[str, Any]] = sg) -> float:
+            vals = [s[key] for s in sg if isinstance(s[key], int | float) and math.isfinite(s[key])]
+            return sum(vals) / len(vals) if vals else math.nan
+
+        a = x["action"]
+        cells = [str(r["export"]["label"]), str(r["export"]["step"])]
+        cells += [_fmt(s["psnr"]) for s in sg]
+        cells += [_fmt(x["drift_slope_db_per_min"]), _fmt(mean("delta_psnr")), _fmt(x["delta_psnr_min"])]
+        cells += [_fmt(mean("ssim")), _fmt(mean("latent_mse")), str(a["frames_before_that_differ"])]
+        cells += [_fmt(a["sensitivity"]), _fmt(a["follows_change_db"]), _fmt(x["revisit"]["consistency_db"])]
+        cells += [_fmt(mean("flicker_ratio"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def live_plots(results: Sequence[dict[str, Any]], sweep: str) -> dict[str, bytes]:
+    """The drift curve of each export (PSNR vs truth per second: own ids and another session's),
+    and every export's segments on one plot."""
+    out: dict[str, bytes] = {}
+    per_seg: dict[str, list[float | None]] = {}
+    xs: dict[str, list[float]] = {}
+    for r in results:
+        if sweep not in r["sweeps"]:
+            continue
+        label, x = r["export"]["label"], r["sweeps"][sweep]
+        curves = x["curves"]
+        secs = [c / 4 for c in range(len(curves["psnr"]))]
+        smooth = {k: _smooth(curves[k], 4) for k in ("psnr", "psnr_other")}
+        out[f"{label}/{sweep}_drift.png"] = line_plot_png(
+            {"own ids": smooth["psnr"], "other ids": smooth["psnr_other"]},
+            f"{label} {sweep}: PSNR vs truth (1 s mean), drift {_fmt(x['drift_slope_db_per_min'])} dB/min",
+            "PSNR (dB)",
+            x={"own ids": secs, "other ids": secs},
+            xlabel="s",
+        )
+        per_seg[label] = [s["psnr"] for s in x["segments"]]
+        xs[label] = [(s["t0_s"] + s["t1_s"]) / 2 for s in x["segments"]]
+    if per_seg:
+        out[f"{sweep}_psnr.png"] = line_plot_png(
+            per_seg, f"{sweep}: PSNR vs truth per segment", "PSNR (dB)", x=xs, xlabel="s"
+        )
+    return out
+
+
+def _smooth(values: Sequence[float | None], k: int) -> list[float | None]:
+    """Trailing mean over ``k`` values (cell 0 alone)."""
+    out: list[float | None] = []
+    for i in range(len(values)):
+        vals = [v for v in values[max(1, i - k + 1) : i + 1] if v is not None and math.isfinite(v)]
+        out.append(sum(vals) / len(vals) if vals and i > 0 else None)
+    return out
+
+
+def _strip_lines(
+    results: Sequence[dict[str, Any]], sweep: str, plots: dict[str, bytes], rows: str
+) -> list[str]:
+    """report.md's lines of each export's strip on ``sweep`` (those written)."""
+    out = []
+    for r in results:
+        strip = f"{r['export']['label']}/{sweep}_strip.png"
+        if strip in plots:
+            out += [f"{r['export']['label']}: {rows}", "", f"![strip]({strip})", ""]
+    return out
+
+
 @dataclass
 class ReportFiles:
     folder: Path
@@ -152,7 +254,8 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = table_rows(results)
-    table = table_markdown(rows)
+    has_clips = any(s in r["sweeps"] for r in results for s in ("clip28", "chain241"))
+    table = table_markdown(rows) if has_clips or not results else ""
     files = ReportFiles(out_dir, table)
     md = ["# Evaluation", "", table, ""]
     for r in results:
@@ -166,7 +269,18 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
                 name = f"{label}/{sweep}_strip.png"
                 atomic_write_bytes(out_dir / name, png)
                 files.plots[name] = png
-    sweeps = sorted({s for r in results for s in r["sweeps"]})
+    live = sorted({s for r in results for s in r["sweeps"] if s.startswith("live")})
+    for sweep in live:
+        lt = live_table(results, sweep)
+        table += f"\n{sweep}: live sessions against the code world's truth\n\n{lt}"
+        md += [f"## {sweep}: live sessions against the code world's truth", "", lt, ""]
+        for name, png in live_plots(results, sweep).items():
+            atomic_write_bytes(out_dir / name, png)
+            files.plots[name] = png
+            md += [f"![{name}]({name})", ""]
+        md += _strip_lines(results, sweep, files.plots, "truth | generated | ids")
+    files.table = table
+    sweeps = sorted({s for r in results for s in r["sweeps"] if not s.startswith("live")})
     for sweep in sweeps:
         md += [f"## {sweep}", ""]
         for key, ylabel, log_y in PLOTTED:
@@ -182,16 +296,10 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
             atomic_write_bytes(out_dir / name, png)
             files.plots[name] = png
             md += [f"![{sweep} {key}]({name})", ""]
-        for r in results:
-            strip = f"{r['export']['label']}/{sweep}_strip.png"
-            if strip in files.plots:
-                md += [
-                    f"{r['export']['label']}: ground truth | generated | ids",
-                    "",
-                    f"![strip]({strip})",
-                    "",
-                ]
+        md += _strip_lines(results, sweep, files.plots, "ground truth | generated | ids")
     md.append(REPORT_NOTES.format(cap=cap_db))
+    if live:
+        md.append(LIVE_NOTES)
     atomic_write_text(out_dir / "table.md", table)
     summary = {"rows": rows, "exports": [{**r["export"], "sampler": r["sampler"]} for r in results]}
     atomic_write_text(out_dir / "summary.json", dumps(summary))

@@ -1,29 +1,28 @@
 """The eval job (``python -m gc25d_core.jobs.eval``): the exports ``eval_input.json`` names, on the
 sweeps, their cases shared among the ranks, the reports written by rank 0.
 
-Every rank reads the same cases and builds each export's sampler; case i of a sweep is rolled out on
-rank i % world_size (``evaluate.roll_cases``); rank 0 gathers the scores and aggregates them in the
-cases' order (``evaluate.assemble``), so the numbers are those of one rank. It then writes the files
-of ``eval.report`` into the run folder and ``eval_output.json`` (``eval.spec``).
+Every rank reads the same cases and builds each export's sampler; case i of a dataset sweep is
+rolled out on rank i % world_size (``evaluate.roll_cases``); rank 0 gathers the scores and
+aggregates them in the cases' order (``evaluate.assemble``), so the numbers are those of one rank.
+The live sweeps (``eval.live``) share their rollouts among the ranks the same way
+(``eval.live_run``). Rank 0 then writes the files of ``eval.report`` into the run folder and
+``eval_output.json`` (``eval.spec``).
 
-Each export's result is kept in ``results/<label>.json`` (written atomically by rank 0) under a key
-of everything it depends on: the export (its SHA256 first), the sweeps' settings, the snapshot, the
-cases and the resolved config. A retry or a relaunch takes the results it finds under the same key
-and evaluates the other exports only, so an eval interrupted part-way resumes where it stopped.
+Each (export, sweep) result is a row of the result store (``eval.store``), keyed by the export's
+SHA256, the sweep's definition, the preset's relevant fields and the code's version: a rerun with
+nothing changed computes nothing, a changed export recomputes its rows only, and an eval
+interrupted part-way resumes where it stopped. Exports with the same SHA256 are evaluated once.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gc25d_core.atomic import atomic_write_text
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.distributed import barrier, broadcast_ints, dist_active, global_rank, world_size
 from gc25d_core.eval.evaluate import (
@@ -31,10 +30,13 @@ from gc25d_core.eval.evaluate import (
     Reference,
     assemble,
     build_sampler,
+    export_doc,
     load_cases,
     roll_cases,
     vae_decoder,
 )
+from gc25d_core.eval.live import KINDS, LiveBackend, LiveSweep, live_sweep
+from gc25d_core.eval.live_run import run_live
 from gc25d_core.eval.report import strips_of, write_reports
 from gc25d_core.eval.spec import (
     INPUT_FILE,
@@ -45,10 +47,12 @@ from gc25d_core.eval.spec import (
     read_model,
     write_model,
 )
+from gc25d_core.eval.store import ResultStore, code_version, context_doc, row_key
 from gc25d_core.eval.sweeps import Case
 from gc25d_core.report import Reporter
 
-RESULTS_DIR = "results"
+# the job's live session code and world (gc25d_core.jobs.eval_live.DeployBackend): (vae, device) -> backend
+BackendFactory = Callable[[Any, torch.device], LiveBackend]
 
 
 def without_deployed_copies(
@@ -70,44 +74,38 @@ def without_deployed_copies(
     return kept, skipped
 
 
-def result_key(cfg: Gc25dConfig, spec: EvalInput, export: EvalExport, cases: dict[str, list[Case]]) -> str:
-    """What a kept result must have been made from to be taken instead of evaluating again."""
-    doc = {
-        "export": {**asdict(export), "path": str(export.path)},
-        "eval": spec.eval.model_dump(mode="json"),
+def is_causal(export: EvalExport) -> bool:
+    from gc25d_core.models.export import read_export_meta
+
+    return read_export_meta(export.path, export.sha256).causal is not None
+
+
+def with_sha256(export: EvalExport) -> EvalExport:
+    """The export with its file's SHA256 (a hand-off without one: hashed here; the result's key)."""
+    if export.sha256 is not None:
+        return export
+    from gc25d_core.hashing import sha256_file
+
+    return replace(export, sha256=sha256_file(export.path))
+
+
+def clip_sweep_doc(sweep: str, spec: EvalInput, cases: list[Case]) -> dict[str, Any]:
+    """What a dataset sweep's row depends on besides the export: its settings, snapshot and cases."""
+    e = spec.eval
+    settings = e.model_dump(
+        mode="json", exclude={"live_sweeps", "live_cells", "clip28_clips", "chain241_chains"}
+    )
+    settings = {k: v for k, v in settings.items() if not k.endswith("_cells") or k.startswith(sweep)}
+    return {
+        "sweep": sweep,
+        "settings": settings,
         "manifest_version": spec.manifest_version,
-        "cases": {sweep: [c.case_id for c in cs] for sweep, cs in cases.items()},
-        "config": cfg.model_dump(mode="json"),
+        "cases": [c.case_id for c in cases],
     }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _plain(o: Any) -> Any:
-    if hasattr(o, "item"):  # numpy / torch scalars
-        return o.item()
-    raise TypeError(f"{type(o).__name__} is not JSON")
-
-
-def save_result(path: Path, key: str, result: dict[str, Any]) -> None:
-    """``result`` (its strips as base64) under ``key``; NaN kept as NaN so that a kept result gives
-    the same report files as a fresh one (``report.dumps`` turns them into null there)."""
-    doc = {k: v for k, v in result.items() if k not in ("rollouts", "strips")}
-    strips = {s: None if p is None else base64.b64encode(p).decode() for s, p in strips_of(result).items()}
-    text = json.dumps({"key": key, "result": doc, "strips": strips}, allow_nan=True, default=_plain)
-    atomic_write_text(path, text)
-
-
-def load_result(path: Path, key: str) -> dict[str, Any] | None:
-    """The result kept under ``key``, or None (none there, another key, or unreadable: evaluate again)."""
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("key") != key:
-            return None
-        result = dict(doc["result"])
-        result["strips"] = {s: None if b is None else base64.b64decode(b) for s, b in doc["strips"].items()}
-        return result
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+def live_sweep_doc(sweep: LiveSweep, spec: EvalInput, world: dict[str, Any]) -> dict[str, Any]:
+    return {"live": sweep.definition(), "world": world, "psnr_cap_db": spec.eval.psnr_cap_db}
 
 
 def _at_rank0(obj: Any) -> list[Any] | None:
@@ -148,46 +146,92 @@ def evaluate_shared(
     return result
 
 
-def run_eval(cfg: Gc25dConfig, run_dir: Path, rep: Reporter) -> EvalOutput | None:
-    """Evaluate ``run_dir/eval_input.json``; on rank 0 the reports and ``eval_output.json`` (returned)."""
+def run_eval(
+    cfg: Gc25dConfig, run_dir: Path, rep: Reporter, backend: BackendFactory | None = None
+) -> EvalOutput | None:
+    """Evaluate ``run_dir/eval_input.json``; on rank 0 the reports and ``eval_output.json`` (returned).
+    The live sweeps need ``backend``."""
     from gc25d_core.distributed import pick_device
 
     run_dir = Path(run_dir)
     spec = read_model(run_dir, INPUT_FILE, EvalInput)
     ecfg, rank, world = spec.eval, global_rank(), world_size()
     exports, skipped = without_deployed_copies(list(spec.exports), spec.not_evaluated)
-    cases, clips = load_cases(cfg, ecfg, spec.manifest_version)
-    num_cases = {sweep: len(c) for sweep, c in cases.items()}
+    exports = [with_sha256(e) for e in exports]
+    first: dict[str | None, EvalExport] = {}
+    for e in exports:  # one evaluation per SHA256: a second label of the same weights reuses it
+        first.setdefault(e.sha256, e)
+    unique = list(first.values())
+    live = [live_sweep(n, ecfg.live_cells) for n in ecfg.live_sweeps]
+    if live and backend is None:
+        raise ValueError(f"live sweeps {ecfg.live_sweeps} need the live session code (run_eval's backend)")
+    cases: dict[str, list[Case]] = {}
+    clips: dict[str, Any] = {}
+    if ecfg.clip28_clips or ecfg.chain241_chains:
+        cases, clips = load_cases(cfg, ecfg, spec.manifest_version)
+        cases = {s: c for s, c in cases.items() if c}
+    num_cases = {sweep: len(c) for sweep, c in cases.items()} | {s.name: 1 for s in live}
     rep.log(
         f"snapshot v{spec.manifest_version:06d}: "
-        + ", ".join(f"{sweep} {n} cases" for sweep, n in num_cases.items())
+        + ", ".join(f"{sweep} {n} case{'s' if n > 1 else ''}" for sweep, n in num_cases.items())
         + f"; exports {[e.label for e in exports]}; {world} rank{'s' if world > 1 else ''}"
     )
     device = pick_device(cfg)
-    decode = None
-    if ecfg.decode:
+    vae = None
+    if ecfg.decode or live:
         from gc25d_core.models.vae import build_vae_for
 
-        decode = vae_decoder(build_vae_for(cfg, device))
-    ref = Reference(clips, decode)
-    results: list[dict[str, Any]] = []
-    for export in exports:
-        path = run_dir / RESULTS_DIR / f"{export.label}.json"
-        key = result_key(cfg, spec, export, cases)
-        kept = load_result(path, key) if rank == 0 else None
-        if broadcast_ints([kept is not None], device)[0]:  # every rank skips it, or none does
-            rep.log(f"{export.label}: the result of an earlier attempt is kept ({path})")
-            if kept is not None:
-                results.append(kept)
+        vae = build_vae_for(cfg, device)
+    live_backend = backend(vae, device) if backend is not None and live else None
+    code, ctx, store = code_version(), context_doc(cfg, vae is not None), ResultStore.of(cfg)
+    docs: dict[str, dict[str, Any]] = {s: clip_sweep_doc(s, spec, c) for s, c in cases.items()}
+    if live_backend is not None:
+        docs |= {s.name: live_sweep_doc(s, spec, live_backend.describe()) for s in live}
+    causal = {e.label: is_causal(e) for e in unique}  # the bidirectional teacher has no live session
+    keys = {
+        (e.label, s): row_key(code, e.sha256 or "", doc, ctx)
+        for e in unique
+        for s, doc in docs.items()
+        if s in cases or causal[e.label]
+    }
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    if rank == 0:
+        rows = {k: row for k, key in keys.items() if (row := store.get(key)) is not None}
+    missing = broadcast_ints([k not in rows for k in keys], device)  # every rank: the same work
+    todo = {k for k, m in zip(keys, missing, strict=True) if m}
+    kept = sorted(f"{label}/{s}" for label, s in keys if (label, s) not in todo)
+    computed = {s: 0 for s in docs}
+    for e in unique:
+        sub = {s: c for s, c in cases.items() if (e.label, s) in todo}
+        if not sub:
             continue
-        result = evaluate_shared(export, cfg, spec, cases, ref, device, rep)
-        if result is not None:
-            save_result(path, key, result)
-            results.append(result)
+        result = evaluate_shared(
+            e, cfg, spec, sub, Reference(clips, vae_decoder(vae) if ecfg.decode else None), device, rep
+        )
+        for s in sub:
+            computed[s] += len(sub[s])
+            if result is not None:
+                rows[e.label, s] = {
+                    "sampler": result["sampler"],
+                    "sweep": result["sweeps"][s],
+                    "strip": result["strips"].get(s),
+                }
+                store.put(keys[e.label, s], rows[e.label, s])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    pending = [(e, ls) for e in unique for ls in live if (e.label, ls.name) in todo]
+    if pending:
+        assert live_backend is not None
+        got = run_live(cfg, live_backend, vae, pending, run_dir, ecfg.psnr_cap_db, rep.log)
+        for e, ls in pending:
+            computed[ls.name] += len(KINDS)
+            if got is not None:
+                rows[e.label, ls.name] = got[e.label, ls.name]
+                store.put(keys[e.label, ls.name], got[e.label, ls.name])
+    rep.log(f"computed {computed}; kept {len(kept)} rows of earlier runs")
     out = None
     if rank == 0:
+        results = [export_result(e, first[e.sha256].label, ecfg, docs, rows) for e in exports]
         files = write_reports(run_dir, results, ecfg.psnr_cap_db)
         rep.log("eval table\n" + files.table)
         out = EvalOutput(
@@ -195,8 +239,31 @@ def run_eval(cfg: Gc25dConfig, run_dir: Path, rep: Reporter) -> EvalOutput | Non
             not_evaluated=skipped,
             plots=list(files.plots),
             num_cases=num_cases,
+            computed=computed,
+            kept=kept,
         )
         write_model(run_dir, OUTPUT_FILE, out)
-        rep.materialize({"world_size": world, "num_cases": num_cases})
+        rep.materialize({"world_size": world, "num_cases": num_cases, "computed": computed})
     barrier()  # the ranks end together: none tears the group down while rank 0 still writes
     return out
+
+
+def export_result(
+    export: EvalExport,
+    evaluated_as: str,
+    ecfg: Any,
+    sweeps: dict[str, Any],
+    rows: dict[tuple[str, str], dict[str, Any]],
+) -> dict[str, Any]:
+    """An export's result (eval.report's input) from its rows (those of ``evaluated_as``: the first
+    export with its SHA256)."""
+    mine = {s: rows[evaluated_as, s] for s in sweeps if (evaluated_as, s) in rows}
+    sampler = next((r["sampler"] for s, r in mine.items() if s in ("clip28", "chain241")), None)
+    return {
+        "export": export_doc(export),
+        "sampler": sampler or next(iter(mine.values()))["sampler"] if mine else {"kind": "none"},
+        "eval": ecfg.model_dump(),
+        "same_as": evaluated_as if evaluated_as != export.label else None,
+        "sweeps": {s: r["sweep"] for s, r in mine.items()},
+        "strips": {s: r["strip"] for s, r in mine.items()},
+    }

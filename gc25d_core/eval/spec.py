@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.eval.metrics import PSNR_CAP_DB
@@ -39,6 +39,22 @@ class EvalConfig(Strict):
     seed: int = 0
     psnr_cap_db: float = Field(default=PSNR_CAP_DB, gt=0)
     decode: bool = Field(default=True, description="decode rollouts for the pixel metrics (needs the VAE)")
+    live_sweeps: list[str] = Field(
+        default_factory=list, description="live sessions scored against the code world (eval.live)"
+    )
+    live_cells: int | None = Field(
+        default=None, ge=2, description="shorten the live sweeps to this many cells (tests)"
+    )
+
+    @field_validator("live_sweeps")
+    @classmethod
+    def _known_live(cls, v: list[str]) -> list[str]:
+        from gc25d_core.eval.live import LIVE_SWEEPS
+
+        unknown = [s for s in v if s not in LIVE_SWEEPS]
+        if unknown:
+            raise ValueError(f"unknown live sweeps {unknown}; known: {sorted(LIVE_SWEEPS)}")
+        return v
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,9 @@ class EvalOutput(Strict):
     not_evaluated: list[str]
     plots: list[str]  # file names under the run folder, in the order report.md shows them
     num_cases: dict[str, int]
+    # rollouts computed by this run per sweep, and the (export/sweep) rows taken from kept results
+    computed: dict[str, int] = Field(default_factory=dict)
+    kept: list[str] = Field(default_factory=list)
 
 
 M = TypeVar("M", "EvalInput", "EvalOutput")

@@ -4,7 +4,9 @@ torchrun --nproc_per_node=8 -m gc25d_core.jobs.eval --config RUN/config.yaml --r
 
 RUN/eval_input.json (gc25d_core.eval.spec.EvalInput, written by the eval asset) names the snapshot,
 the sweeps' settings and the exports; the cases are shared among the ranks, rank 0 writes the
-reports into RUN. A relaunch keeps the exports already evaluated (RUN/results/).
+reports into RUN. The live sweeps play through the deploy session code (jobs.eval_live). Results are
+kept per (export, sweep) in <runs_root>/eval_results/ (eval.store): a rerun with nothing changed
+computes nothing.
 """
 
 import argparse
@@ -16,8 +18,9 @@ from gc25d_core.report import Reporter
 
 def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
     from gc25d_core.eval.run import run_eval
+    from gc25d_core.jobs.eval_live import DeployBackend
 
-    run_eval(cfg, args.run_dir, rep)
+    run_eval(cfg, args.run_dir, rep, backend=lambda vae, device: DeployBackend(cfg, vae, device))
 
 
 if __name__ == "__main__":

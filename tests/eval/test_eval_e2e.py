@@ -165,7 +165,8 @@ def test_eval_asset_evaluates_what_exists(world):
         shutil.copy(handoff, folder)
     project = Gc25dProject(
         preset="tiny",
-        overrides=[f"cache.store={cfg.cache.store}"],
+        # the live session encodes and decodes: the seeded random tiny VAE (no tiny_vae asset here)
+        overrides=[f"cache.store={cfg.cache.store}", "vae.fit.enabled=false"],
         store=ArtifactStore(data_root=str(cfg.paths.data_root), runs_root=str(runs)),
     )
     with dg.instance_for_test() as instance:
@@ -183,6 +184,8 @@ def test_eval_asset_evaluates_what_exists(world):
                             "chain241_chains": 0,
                             "teacher_steps": 1,
                             "decode": False,
+                            # the embedded default's live240, shortened: the causal export's session
+                            "live_cells": 4,
                         }
                     }
                 }
@@ -198,3 +201,6 @@ def test_eval_asset_evaluates_what_exists(world):
     assert md["plot"].value.startswith("**clip28 latent mse per cell**")
     assert (runs / "eval" / "v000001" / "stage1_tf" / "metrics.json").is_file()
     assert md["world_size"].value == 1  # reported by the job's rank 0 through Pipes
+    assert "| stage1_tf |" in md["live_table"].value and "drift dB/min" in md["live_table"].value
+    assert "stage1_tf/live240_drift" in md["drift"].value and "data:image/png;base64," in md["drift"].value
+    assert md["computed"].value["live240"] == 3 and md["kept_rows"].value == []  # own, other, changed

@@ -1,10 +1,12 @@
-"""The eval job under torchrun (python -m gc25d_core.jobs.eval): its cases shared among 2 ranks
-give the very files of 1 rank, and a relaunch keeps the exports already evaluated."""
+"""The eval job under torchrun (python -m gc25d_core.jobs.eval): its cases (the live rollouts too)
+shared among 2 ranks give the very files of 1 rank, and a relaunch keeps the rows already evaluated."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +14,27 @@ from pathlib import Path
 import pytest
 
 from gc25d_core.config import write_resolved
-from gc25d_core.eval.run import RESULTS_DIR, result_key
+from gc25d_core.eval.run import clip_sweep_doc
 from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_handoff, write_model
+from gc25d_core.eval.store import STORE_DIR, ResultStore, code_version, context_doc, row_key
 from gc25d_core.eval.sweeps import Case
 from gc25d_core.train.synthetic import random_teacher
-from tests.eval.world import eval_world
+from tests.eval.world import eval_world, with_random_vae
 
 ROOT = Path(__file__).resolve().parents[2]
 # 2 clip28 cases and 1 chain241 case: 3 cases, so that each of 2 ranks rolls out some (n-th case of
 # all sweeps on rank n % 2); decoded with the seeded tiny VAE, so PSNR and the strips are compared
-# too; 8 cells per rollout keep 3 launches on a CPU within minutes
-SPEC = EvalConfig(clip28_clips=2, chain241_chains=1, clip28_cells=8, chain241_cells=8, teacher_steps=2)
+# too; 8 cells per rollout keep 3 launches on a CPU within minutes;
+# too; a 6-cell live session of the causal export (its 3 rollouts shared by the ranks)
+SPEC = EvalConfig(
+    clip28_clips=2,
+    chain241_chains=1,
+    clip28_cells=8,
+    chain241_cells=8,
+    teacher_steps=2,
+    live_sweeps=["live240"],
+    live_cells=6,
+)
 # what the job writes that must not depend on the number of ranks
 COMPARED = ("table.md", "summary.json", "report.md", "eval_output.json")
 
@@ -30,11 +42,7 @@ COMPARED = ("table.md", "summary.json", "report.md", "eval_output.json")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_job")
-    cfg = eval_world(root)
-    # decode with the seeded random tiny VAE (the tiny preset's fitted one is the tiny_vae asset's)
-    cfg = cfg.model_copy(
-        update={"vae": cfg.vae.model_copy(update={"fit": cfg.vae.fit.model_copy(update={"enabled": False})})}
-    )
+    cfg = with_random_vae(eval_world(root))
     sft = exports_of_handoff("sft", random_teacher(cfg, root), root)
     stage1 = exports_of_handoff("stage1_tf", random_teacher(cfg, root, causal=True), root)
     spec = EvalInput(
@@ -66,41 +74,65 @@ def report_files(run_dir: Path) -> dict[str, bytes]:
 def test_two_ranks_write_the_files_of_one_and_a_relaunch_keeps_what_was_evaluated(world):
     root, cfg, spec = world
     one, two = root / "runs_eval" / "one", root / "runs_eval" / "two"
+    store = root / STORE_DIR
     run_job(cfg, one, spec, 1)
+    shutil.rmtree(store)  # the second launch computes every row again, on 2 ranks
     run_job(cfg, two, spec, 2)
     first = report_files(one)
     assert {"sft/metrics.json", "stage1_tf/metrics.json", "chain241_latent_mse.png"} <= set(first)
     assert "sft/clip28_strip.png" in first and "chain241_psnr.png" in first  # decoded: pixel metrics
+    assert "stage1_tf/live240_drift.png" in first and "sft/live240_drift.png" not in first  # causal only
     doc = json.loads(first["stage1_tf/metrics.json"])
     assert doc["sweeps"]["clip28"]["num_cases"] == 2 and doc["sweeps"]["chain241"]["num_cases"] == 1
+    assert doc["sweeps"]["live240"]["action"]["frames_before_that_differ"] == 0  # causal
     assert report_files(two) == first
+    out = json.loads((two / "eval_output.json").read_text())
+    assert out["computed"] == {"clip28": 4, "chain241": 2, "live240": 3} and out["kept"] == []
 
-    # a relaunch: sft's kept result is taken as it is (marked here to tell), stage1_tf's missing one
-    # is evaluated again, to the same bytes
-    kept = one / RESULTS_DIR / "sft.json"
-    held = json.loads(kept.read_text())
-    held["result"]["sampler"]["kept"] = True
-    kept.write_text(json.dumps(held))
-    (one / RESULTS_DIR / "stage1_tf.json").unlink()
+    # a relaunch: the teacher's kept rows are taken as they are (marked here to tell), the causal
+    # export's missing ones are evaluated again, to the same bytes
+    for path in store.glob("*.json"):
+        row = json.loads(path.read_text())
+        if row["sampler"]["kind"] == "teacher":
+            row["sampler"]["kept"] = True
+            path.write_text(json.dumps(row))
+        else:
+            path.unlink()
     (one / "stage1_tf" / "metrics.json").unlink()
     run_job(cfg, one, spec, 1)
     again = report_files(one)
     assert json.loads(again["sft/metrics.json"])["sampler"]["kept"] is True
     assert again["stage1_tf/metrics.json"] == first["stage1_tf/metrics.json"]
     assert again["sft/clip28_strip.png"] == first["sft/clip28_strip.png"]  # the kept strip
+    out = json.loads((one / "eval_output.json").read_text())
+    assert out["computed"] == {"clip28": 2, "chain241": 1, "live240": 3}
+    assert out["kept"] == ["sft/chain241", "sft/clip28"]
 
 
-def test_a_kept_result_is_keyed_by_the_export_and_the_sweeps(world):
-    """Another export file (its SHA256), another sweep setting or other cases: evaluated again."""
+def test_a_kept_row_is_keyed_by_the_export_the_sweep_and_the_code(world, tmp_path):
+    """Another export file (its SHA256), another setting of the sweep, another snapshot or other
+    code: evaluated again; a setting of another sweep: kept."""
     _, cfg, spec = world
-    export = spec.exports[0]
-    cases: dict[str, list[Case]] = {"clip28": [], "chain241": []}
-    key = result_key(cfg, spec, export, cases)
-    assert key == result_key(cfg, spec, export, cases)
-    other_sha = type(export)(export.label, export.path, "0" * 64, export.stage, export.step)
-    assert result_key(cfg, spec, other_sha, cases) != key
-    reseeded = spec.model_copy(update={"eval": spec.eval.model_copy(update={"seed": 1})})
-    assert result_key(cfg, reseeded, export, cases) != key
-    fewer_cells = spec.model_copy(update={"eval": spec.eval.model_copy(update={"clip28_cells": 20})})
-    assert result_key(cfg, fewer_cells, export, cases) != key
-    assert result_key(cfg, spec.model_copy(update={"manifest_version": 2}), export, cases) != key
+    sha = spec.exports[0].sha256 or ""
+    code, ctx = code_version(), context_doc(cfg)
+    cases: list[Case] = []
+
+    def key(s: EvalInput = spec, sweep: str = "clip28", export: str = sha, version: str = code) -> str:
+        return row_key(version, export, clip_sweep_doc(sweep, s, cases), ctx)
+
+    assert key() == key()
+    assert key(export="0" * 64) != key()
+    assert key(spec.model_copy(update={"eval": spec.eval.model_copy(update={"seed": 1})})) != key()
+    fewer = spec.model_copy(update={"eval": spec.eval.model_copy(update={"clip28_cells": 20})})
+    assert key(fewer) != key() and key(fewer, "chain241") == key(sweep="chain241")
+    assert key(spec.model_copy(update={"manifest_version": 2})) != key()
+    edited = tmp_path / "core"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "gc25d_core" / "eval", edited / "eval")
+    assert code_version(edited, ("eval",)) == code_version(sources=("eval",))
+    (edited / "eval" / "metrics.py").write_text((edited / "eval" / "metrics.py").read_text() + "\n# edited\n")
+    assert code_version(edited, ("eval",)) != code_version(sources=("eval",))
+    store = ResultStore(tmp_path / "rows")
+    store.put(key(), {"sampler": {"kind": "causal"}, "sweep": {"x": float("nan")}, "strip": b"png"})
+    got = store.get(key())
+    assert got is not None and got["strip"] == b"png" and math.isnan(got["sweep"]["x"])
+    assert store.get(key(export="0" * 64)) is None

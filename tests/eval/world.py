@@ -54,3 +54,10 @@ def eval_world(root: Path, starts: tuple[int, ...] = EVAL_STARTS) -> Gc25dConfig
     write_index(layout, out, runs)
     pack_and_publish(cfg)
     return cfg
+
+
+def with_random_vae(cfg: Gc25dConfig) -> Gc25dConfig:
+    """``cfg`` decoding with the seeded random tiny VAE (the tiny preset's fitted one is the tiny_vae
+    asset's, which these worlds do not materialize)."""
+    fit = cfg.vae.fit.model_copy(update={"enabled": False})
+    return cfg.model_copy(update={"vae": cfg.vae.model_copy(update={"fit": fit})})

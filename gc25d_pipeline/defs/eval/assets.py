@@ -11,6 +11,7 @@ exports already evaluated. The metadata is read back from the files the job wrot
 hand-off with an EMA export adds ``<label>_ema``; the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
 """
 
+import base64
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +19,7 @@ from typing import NamedTuple
 import dagster as dg
 from pydantic import Field
 
+from gc25d_core.eval.live import default_live_sweeps
 from gc25d_core.eval.report import ReportFiles
 from gc25d_core.eval.spec import (
     INPUT_FILE,
@@ -65,6 +67,14 @@ class EvalRunConfig(dg.Config):
     seed: int = Field(
         default=0, description="seed of the rollouts' noise (the same seed: comparable exports)"
     )
+    live_sweeps: list[str] | None = Field(
+        default=None,
+        description="live sessions scored against the code world (live240: 60 s, live2400: 10 min); "
+        "default: live240 on a CPU preset (the embedded default), live2400 on a GPU one; [] skips them",
+    )
+    live_cells: int | None = Field(
+        default=None, ge=2, description="shorten the live sessions to this many cells (a quick look, tests)"
+    )
 
 
 def available_exports(
@@ -111,7 +121,10 @@ def eval_asset(
         context.log.info(f"not evaluated (not produced yet): {line}")
     if not exports:
         raise dg.Failure(f"no export to evaluate for {context.partition_key}: " + "; ".join(skipped))
-    ecfg = EvalConfig(**config.model_dump(), teacher_window=cfg.timeline.num_cells)
+    settings = config.model_dump()
+    if settings["live_sweeps"] is None:
+        settings["live_sweeps"] = default_live_sweeps(cfg)
+    ecfg = EvalConfig(**settings, teacher_window=cfg.timeline.num_cells)
     run_dir = project.run_dir(cfg, "eval", context)
     spec = EvalInput(manifest_version=version, eval=ecfg, exports=exports, not_evaluated=skipped)
     write_model(run_dir, INPUT_FILE, spec)
@@ -131,7 +144,24 @@ def metadata_of_run(run_dir: Path, spec: EvalInput) -> dict[str, dg.MetadataValu
     )
     evaluated = [e for e in spec.exports if e.label in done.exports]
     measured = measured_markdown(spec.manifest_version, spec.eval, done.num_cases, evaluated)
-    return eval_metadata(files, results, measured, done.exports, done.not_evaluated)
+    out = eval_metadata(files, results, measured, done.exports, done.not_evaluated)
+    # the live sessions' table (printed by `make run` from table.md) and the computed / kept work
+    live = (run_dir / "table.md").read_text().partition("\nlive")[2]
+    if live:
+        out["live_table"] = dg.MetadataValue.md("live" + live)
+    drift = [n for n in done.plots if n.endswith("_drift.png")]
+    if drift:  # each causal export's drift curve over the live session, inline
+        out["drift"] = dg.MetadataValue.md(
+            "\n\n".join(
+                f"**{n.removesuffix('.png')}**\n\n![{n}](data:image/png;base64,"
+                + base64.b64encode(files.plots[n]).decode()
+                + ")"
+                for n in drift
+            )
+        )
+    # the job's own metadata adds "computed" (rollouts / cases computed per sweep by this run)
+    out["kept_rows"] = dg.MetadataValue.json(done.kept)
+    return out
 
 
 def measured_markdown(
@@ -141,6 +171,8 @@ def measured_markdown(
     sweeps = {
         "clip28": "28 cells from a val clip's cell 0, its own ids and prompts; ground truth cells 0–20",
         "chain241": "61 cells (241 frames) along a val run; ground truth where its clips have latents",
+        "live240": "a 60 s scripted session in the code world per causal export, against its RGB truth",
+        "live2400": "a 10 min scripted session in the code world per causal export, against its RGB truth",
     }
     lines = [f"**snapshot v{version:06d}**, the same noise for every export (seed {ecfg.seed})"]
     lines += [f"- **{s}**: {n} cases — {sweeps.get(s, '')}" for s, n in num_cases.items()]

@@ -1,0 +1,150 @@
+"""The live sweeps over the ranks of the eval job: every (export, sweep, rollout) to compute is one
+task; the tasks go to the ranks longest first, each to the rank with the least work so far (a
+60 s rollout weighs 240 cells, the action probe's 39), so that two ranks finish together.
+
+The truth of a sweep is drawn once per job, its frames shared among the ranks (each ray-casts the
+frames f ≡ rank mod world into one memory-mapped file of the run folder); the VAE encodes it on the
+ranks that score an own rollout. A rank loads an export once and plays its tasks of it in turn
+(``LiveSession.start`` resets the world, the cache and the noise). Rank 0 gathers the scored
+rollouts (per-frame numbers, a few frames) and assembles each (export, sweep) row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gc25d_core.config import Gc25dConfig
+from gc25d_core.distributed import barrier, dist_active, global_rank, world_size
+from gc25d_core.eval import live as L
+from gc25d_core.eval.live_score import FRAME_METRICS, assemble_live, score_rollout
+from gc25d_core.eval.spec import EvalExport
+
+Task = tuple[str, str, str]  # (export label, sweep, rollout kind)
+
+
+def shard(tasks: Sequence[Task], cost: Callable[[Task], int], world: int) -> list[list[Task]]:
+    """Longest first, each to the least loaded rank (ties: the lower rank); deterministic."""
+    loads = [0] * world
+    out: list[list[Task]] = [[] for _ in range(world)]
+    for t in sorted(tasks, key=lambda t: (-cost(t), t)):
+        r = min(range(world), key=lambda i: (loads[i], i))
+        out[r].append(t)
+        loads[r] += cost(t)
+    return out
+
+
+def scripts(sweep: L.LiveSweep) -> dict[str, list[np.ndarray]]:
+    own = L.session_script(sweep.script_seed, sweep.cells)
+    changed = L.changed_script(own, sweep.change_cell)[: sweep.rollout_cells("changed")]
+    return {"own": own, "other": L.session_script(sweep.script_seed + 1, sweep.cells), "changed": changed}
+
+
+def shared_truth(backend: L.LiveBackend, blocks: list[np.ndarray], path: Path) -> L.Truth:
+    """The truth's frames drawn by all ranks into ``path`` (a .npy memory map), read by all."""
+    from numpy.lib.format import open_memmap
+
+    rank, world = global_rank(), world_size()
+    states = backend.states(blocks[:0])
+    shape = (1 + 4 * len(blocks), *backend.rgb_frames(states, 1)[0].shape)
+    if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        open_memmap(path, mode="w+", dtype=np.uint8, shape=shape).flush()
+    barrier()
+    out = open_memmap(path, mode="r+")
+    truth = L.render_truth(
+        backend,
+        blocks,
+        workers=L.truth_workers(shape[0], world),
+        frames_out=out,
+        rank=rank,
+        world_size=world,
+    )
+    out.flush()
+    barrier()
+    truth.frames = np.load(path, mmap_mode="r")
+    return truth
+
+
+def run_live(
+    cfg: Gc25dConfig,
+    backend: L.LiveBackend,
+    vae: Any,
+    pending: Sequence[tuple[EvalExport, L.LiveSweep]],
+    run_dir: Path,
+    cap: float,
+    log: Callable[[str], None],
+) -> dict[tuple[str, str], dict[str, Any]] | None:
+    """The rows of ``pending`` (export, sweep) on rank 0 ({"sampler", "sweep", "strip"}), else None."""
+    rank, world = global_rank(), world_size()
+    sweeps = {s.name: s for _, s in pending}
+    exports = {e.label: e for e, _ in pending}
+    plays = {name: scripts(s) for name, s in sweeps.items()}
+    truths = {
+        name: shared_truth(backend, plays[name]["own"], run_dir / "live" / f"{name}_truth.npy")
+        for name in sorted(sweeps)
+    }
+    tasks = [(e.label, s.name, kind) for e, s in pending for kind in L.KINDS]
+    mine = shard(tasks, lambda t: sweeps[t[1]].rollout_cells(t[2]), world)[rank]
+    metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
+    latents: dict[str, Any] = {}
+    done: dict[Task, dict[str, Any]] = {}
+    session, loaded = None, None
+    for label, name, kind in sorted(mine):  # by export: each loaded once on this rank
+        if loaded != label:
+            session, loaded = backend.session(exports[label].path, exports[label].sha256), label
+        sweep, truth = sweeps[name], truths[name]
+        played = L.play(session, plays[name][kind])
+        extra: dict[str, Any] = {}
+        if kind == "own":
+            if name not in latents:
+                latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy of the map
+            extra["truth_latent"] = latents[name]
+            extra["frame_metrics"] = metrics
+        if kind == "changed":
+            extra["changed_truth"] = L.render_truth(backend, plays[name]["changed"]).frames
+        done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
+        log(
+            f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {np.mean(done[label, name, kind]['psnr']):.2f} dB"
+        )
+    parts: list[Any] | None = [done]
+    if dist_active():
+        import torch.distributed as dist
+
+        parts = [None] * world if rank == 0 else None
+        dist.gather_object(done, parts, dst=0)
+    if parts is None:
+        return None
+    every: dict[Task, dict[str, Any]] = {}
+    for part in parts:
+        every.update(part)
+    rows = {}
+    for e, s in pending:
+        rolls = {kind: every[e.label, s.name, kind] for kind in L.KINDS}
+        rows[e.label, s.name] = {
+            "sampler": {"kind": "causal", "sampler": "deploy.session"},
+            "sweep": assemble_live(s, rolls, truths[s.name]),
+            "strip": strip_png(rolls["own"]["strip"]),
+        }
+    return rows
+
+
+def strip_png(strip: dict[str, np.ndarray], max_width: int = 1400) -> bytes:
+    """Rows truth | generated | ids at the session's picked frames."""
+    import cv2
+
+    from gc25d_core.preview import colorize_ids, png_bytes
+
+    rows = [
+        np.concatenate(list(strip["truth"]), axis=1),
+        np.concatenate(list(strip["frames"]), axis=1),
+        np.concatenate([colorize_ids(i) for i in strip["ids"]], axis=1),
+    ]
+    sheet = np.concatenate(rows, axis=0)
+    if sheet.shape[1] > max_width:
+        s = max_width / sheet.shape[1]
+        sheet = cv2.resize(sheet, (max_width, max(1, int(sheet.shape[0] * s))), interpolation=cv2.INTER_AREA)
+    return png_bytes(sheet)

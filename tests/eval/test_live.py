@@ -1,0 +1,140 @@
+"""Live sessions against the code world's truth (gc25d_core.eval.live): the scores on known inputs, a
+seed's session the same twice, the action probe in the truth renderer, and results kept across runs
+(a rerun computes nothing, a changed export recomputes its rows only)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from gc25d_core.eval import live as L
+from gc25d_core.eval import metrics as M
+from gc25d_core.eval.live_run import shard
+from gc25d_core.eval.run import run_eval
+from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_handoff, write_model
+from gc25d_core.jobs.eval_live import DeployBackend
+from gc25d_core.report import StdoutReporter
+from gc25d_core.train.synthetic import random_teacher
+from tests.eval.world import eval_world, with_random_vae
+
+CELLS = 6  # a short session: 25 frames, seconds on a CPU
+
+
+def test_identical_frames_score_the_maximum():
+    f = np.random.default_rng(0).integers(0, 256, (3, 24, 32, 3), dtype=np.uint8)
+    assert M.psnr_per_frame(f, f.copy()) == [M.PSNR_CAP_DB] * 3
+    assert M.ssim_per_frame(f, f.copy()) == pytest.approx([1.0] * 3)
+
+
+def test_an_offset_and_a_shifted_frame_drop_by_the_expected_amounts():
+    flat = np.full((1, 16, 16, 3), 100, np.uint8)
+    (p,) = M.psnr_per_frame(flat + 10, flat)  # MSE 100
+    assert p == pytest.approx(10 * math.log10(255**2 / 100))
+    # a uniform offset leaves contrast and structure: SSIM is the luminance term alone
+    c1 = (0.01 * 255) ** 2
+    assert M.ssim(flat[0] + 10, flat[0]) == pytest.approx((2 * 100 * 110 + c1) / (100**2 + 110**2 + c1))
+    noise = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    shifted = np.roll(noise, 1, axis=1)
+    d = noise.astype(float) - shifted
+    assert M.psnr_per_frame(shifted[None], noise[None])[0] == pytest.approx(
+        M.psnr_from_mse(float(np.mean(d * d)))
+    )
+    assert M.ssim(shifted, noise) < 0.1  # white noise moved by a pixel shares no structure
+    assert M.slope_per([0, 1, 2], [30.0, 29.0, 28.0]) == pytest.approx(-1.0)
+    assert math.isnan(M.slope_per([0, 1], [1.0, math.nan]))
+
+
+def test_the_script_walks_fights_and_comes_back():
+    a, b = L.session_script(0, 240), L.session_script(0, 240)
+    assert len(a) == 240 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, L.session_script(1, 240), strict=True))
+    blocks = np.stack(a)
+    assert (
+        (blocks[:, 1] == 1).any() and (blocks[:, 2] > 0).any() and (blocks[:, 3] == 1).any()
+    )  # runs, fights
+    assert {1, 2} <= set(blocks[:, 0].tolist())  # out and back
+    changed = L.changed_script(a, 24)
+    assert [i for i in range(240) if not np.array_equal(changed[i], a[i])] == [23]
+
+
+def test_tasks_are_shared_longest_first():
+    sweep = L.LIVE_SWEEPS["live240"]
+    tasks = [(e, "live240", k) for e in ("a", "b") for k in L.KINDS]
+    parts = shard(tasks, lambda t: sweep.rollout_cells(t[2]), 2)
+    loads = [sum(sweep.rollout_cells(t[2]) for t in p) for p in parts]
+    assert sorted(t for p in parts for t in p) == sorted(tasks) and abs(loads[0] - loads[1]) <= 240
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("live")
+    cfg = with_random_vae(eval_world(root))
+    from gc25d_core.models.vae import build_vae_for
+
+    vae = build_vae_for(cfg, torch.device("cpu"))
+    return root, cfg, DeployBackend(cfg, vae, torch.device("cpu")), vae
+
+
+def test_the_truth_changes_only_after_the_changed_action(world):
+    _, _, backend, _ = world
+    blocks = L.session_script(0, CELLS)
+    k = 4
+    base = L.render_truth(backend, blocks)
+    again = L.render_truth(backend, blocks)
+    assert np.array_equal(base.frames, again.frames)  # a seed's truth is the same every time
+    changed = L.render_truth(backend, L.changed_script(blocks, k))
+    first = M.cell_frames(k).start  # frames 0 … 4k−4 come before the changed action
+    assert np.array_equal(changed.frames[:first], base.frames[:first])
+    assert not np.array_equal(changed.frames[first:], base.frames[first:])
+
+
+def test_a_seeds_session_plays_the_same_frames(world):
+    root, cfg, backend, _ = world
+    (export,) = exports_of_handoff("stage1_tf", random_teacher(cfg, root, causal=True), root)
+    session = backend.session(export.path, export.sha256)
+    blocks = L.session_script(0, 4)
+    one, two = L.play(session, blocks), L.play(session, blocks)
+    assert one.frames.shape == (M.num_frames(5), *cfg_frame(cfg), 3) and one.latents.shape[1] == 4
+    assert np.array_equal(one.frames, two.frames) and np.array_equal(one.ids, two.ids)
+    other = L.play(session, L.session_script(1, 4))
+    assert not np.array_equal(other.ids, one.ids)
+
+
+def cfg_frame(cfg) -> tuple[int, int]:
+    return cfg.geometry.dst_height, cfg.geometry.dst_width
+
+
+def test_a_rerun_computes_nothing_and_a_changed_export_only_its_rows(world):
+    root, cfg, backend, _ = world
+    ecfg = EvalConfig(clip28_clips=0, chain241_chains=0, live_sweeps=["live240"], live_cells=CELLS)
+    s1 = exports_of_handoff("stage1_tf", random_teacher(cfg, root, causal=True), root)
+    s2 = exports_of_handoff(
+        "stage2_cd", random_teacher(cfg, root, seed=1, causal=True, stage="stage2_cd"), root
+    )
+    # one file named twice (a label of the same SHA256) is evaluated once
+    exports = [*s1, s2[0], replace(s1[0], label="stage1_again")]
+    run_dir = root / "eval_run"
+    shutil.rmtree(root / "eval_results", ignore_errors=True)
+    run_dir.mkdir()
+    write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=1, eval=ecfg, exports=exports))
+    factory = lambda vae, device: DeployBackend(cfg, vae, device)  # noqa: E731
+    out = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
+    assert out is not None and out.computed == {"live240": 6} and out.kept == []
+    table = (run_dir / "table.md").read_text()
+    assert "| stage1_tf |" in table and "| stage1_again |" in table and "drift dB/min" in table
+    assert (run_dir / "stage1_tf" / "live240_drift.png").read_bytes()[:4] == b"\x89PNG"
+    again = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
+    assert again is not None and again.computed == {"live240": 0}
+    assert (run_dir / "table.md").read_text() == table
+    # stage 2 trained on: a new file, its rows alone computed again
+    s2b = exports_of_handoff(
+        "stage2_cd", random_teacher(cfg, root, seed=2, causal=True, stage="stage2_cd"), root
+    )
+    write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=1, eval=ecfg, exports=[*s1, s2b[0]]))
+    third = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
+    assert third is not None and third.computed == {"live240": 3} and third.kept == ["stage1_tf/live240"]
