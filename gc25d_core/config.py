@@ -279,8 +279,12 @@ class FastDecoderConfig(Strict):
     threads: int = Field(
         default=2, ge=1, description="torch CPU threads: fixed, so the fit is the same on any machine"
     )
-    device: Literal["cpu", "cuda"] | None = Field(default=None, description="where it trains (None: `device`)")
-    max_clips: int = Field(default=32, ge=1, description="train clips at most (their VAE decode is held in memory)")
+    device: Literal["cpu", "cuda"] | None = Field(
+        default=None, description="where it trains (None: `device`)"
+    )
+    max_clips: int = Field(
+        default=32, ge=1, description="train clips at most (their VAE decode is held in memory)"
+    )
     cells_per_clip: int = Field(
         default=6,
         ge=2,

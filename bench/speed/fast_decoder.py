@@ -11,30 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
-import numpy as np
 import torch
 
 
 def vae_cell_seconds(vae: Any, hw: tuple[int, int], dtype: torch.dtype, fast: bool, cells: int) -> float:
+    from gc25d_core.models.fast_decoder import time_cells
     from gc25d_core.models.vae import StreamingDecoder, decode_copy
 
     dev = next(vae.parameters()).device
     dec = StreamingDecoder(decode_copy(vae, dtype, fast=fast), dtype=dtype)
     z = torch.randn(1, vae.z_dim, 1, *hw, generator=torch.Generator().manual_seed(0)).to(dev)
-    times = []
-    for i in range(3 + cells):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        dec.push(z)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return time_cells(lambda: dec.push(z), dev, cells, warmup=3)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -70,12 +59,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         params = sum(t.numel() for t in dec.parameters())
         ms = 1e3 * cell_seconds(dec, hw, device=dev, dtype=dtype, cells=args.cells)
         out["fast_decoder_ms_per_cell"][str(w)] = {"ms": ms, "params": params}
-        print(f"[fast_decoder] width {w}: {ms:.2f} ms per cell ({params} params)", file=sys.stderr, flush=True)
+        print(
+            f"[fast_decoder] width {w}: {ms:.2f} ms per cell ({params} params)", file=sys.stderr, flush=True
+        )
     if args.vae:
         from gc25d_core.models.vae import build_vae
 
         vae = build_vae(tiny=args.dims == "tiny", device="cpu").to(dev).requires_grad_(False)
-        out["vae_ms_per_cell"] = 1e3 * vae_cell_seconds(vae, hw, dtype, dev.type == "cuda", min(args.cells, 10))
+        out["vae_ms_per_cell"] = 1e3 * vae_cell_seconds(
+            vae, hw, dtype, dev.type == "cuda", min(args.cells, 10)
+        )
     print(json.dumps(out), flush=True)
     return out
 

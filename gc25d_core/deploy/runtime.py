@@ -239,7 +239,9 @@ class DeployRuntime:
                 from gc25d_core.models.vae import decode_copy
 
                 self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
-            self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda)
+            self.decoder = StreamingDecoder(
+                self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda
+            )
         if opts.decode_stream and not self.cuda:
             raise ValueError("decode_stream needs a CUDA device (a second stream)")
         self.decode_stream = torch.cuda.Stream(self.device) if opts.decode_stream else None

@@ -46,7 +46,9 @@ def _device(cfg: Gc25dConfig) -> str:
     return "cuda" if want == "cuda" and torch.cuda.is_available() else "cpu"
 
 
-def inputs_key(cfg: Gc25dConfig, rows: Sequence[ClipRow], latent_sha: Sequence[str], frames: Sequence[np.ndarray]) -> str:
+def inputs_key(
+    cfg: Gc25dConfig, rows: Sequence[ClipRow], latent_sha: Sequence[str], frames: Sequence[np.ndarray]
+) -> str:
     """SHA256 of what the fit depends on: its settings, the VAE it distils, the clips, their latents'
     bytes and their frames' bytes. Where the file goes (and when it checkpoints) is not an input."""
     from gc25d_core.models.fast_decoder import FORMAT, VERSION
@@ -132,37 +134,28 @@ def run_fast_decoder(cfg: Gc25dConfig, rep: Reporter, frames_of: FramesOf | None
         if step % every == 0 or step == fd.steps:
             rep.log(f"fast decoder step {step}/{fd.steps}: loss {loss:.4f}")
 
+    settings = fd.model_dump(include={"steps", "batch", "lr", "width", "gt_weight", "seed", "ckpt_every"})
+    checkpoint = path.with_suffix(".ckpt.pt")
     dec, summary = fit_fast_decoder(
-        clips[: len(train)],
-        steps=fd.steps,
-        batch=fd.batch,
-        lr=fd.lr,
-        width=fd.width,
-        gt_weight=fd.gt_weight,
-        seed=fd.seed,
-        device=device,
-        checkpoint=path.with_suffix(".ckpt.pt"),
-        ckpt_every=fd.ckpt_every,
-        key=key,
-        log=log,
+        clips[: len(train)], device=device, checkpoint=checkpoint, key=key, log=log, **settings
     )
     fit_s = time.perf_counter() - t_fit
     metrics = heldout_psnr(dec, clips[len(train) :])
     digest = save_fast_decoder(dec, path)
     rec = {
-        "path": str(path.resolve()),
         "sha256": digest,
         "inputs_key": key,
+        "path": str(path.resolve()),
+        **summary,
         "train_clips": len(train),
         "heldout_clips": len(held),
-        **summary,
         # the held-out (val) clips decoded cell by cell, uint8 frames, dB
         **metrics,
         "within_1p5db_of_vae": bool(metrics["gap_db"] <= 1.5),
         # one steady-state cell where it trained (full-dims GPU speed: bench.speed.fast_decoder)
-        "cell_ms": 1e3 * cell_seconds(dec, shapes.latent[2:], device=device, cells=5, warmup=1),
+        "cell_ms": 1e3 * cell_seconds(dec, cfg.geometry.latent_hw, device=device, cells=5, warmup=1),
         "cell_device": device,
-        "latent_hw": list(shapes.latent[2:]),
+        "latent_hw": list(cfg.geometry.latent_hw),
         "fit_seconds": fit_s,
         "seconds": time.perf_counter() - t0,
     }

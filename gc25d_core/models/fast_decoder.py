@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
 from gc25d_core.config import LATENT_CHANNELS
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from gc25d_core.config import Gc25dConfig
 
 FORMAT = "gc25d_fast_decoder"
+META_KEY = "gc25d"
 VERSION = 1  # part of the inputs key: bump it when the fit's code changes what it produces
 FRAMES_PER_CELL = 4
 UPSAMPLE_STAGES = 4  # 2^4 = 16: the VAE's spatial stride
@@ -102,7 +104,7 @@ class StreamingFastDecoder:
         self.z_dim = decoder.z_dim
         self.device = next(decoder.parameters()).device
         if self.device.type == "cuda":
-            self.decoder.to(memory_format=torch.channels_last)
+            self.decoder.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self._prev: torch.Tensor | None = None
         self.cells = 0
         self.replays = 0  # StreamingDecoder's counters, read by the benches: no graph here
@@ -246,7 +248,13 @@ def fit_fast_decoder(
 
             with atomic_path(checkpoint) as tmp:
                 torch.save(
-                    {"key": key, "step": step + 1, "losses": losses, "model": dec.state_dict(), "opt": opt.state_dict()},
+                    {
+                        "key": key,
+                        "step": step + 1,
+                        "losses": losses,
+                        "model": dec.state_dict(),
+                        "opt": opt.state_dict(),
+                    },
                     tmp,
                 )
     if checkpoint is not None:
@@ -292,6 +300,21 @@ def heldout_psnr(decoder: FastDecoder, clips: Sequence[FitClip]) -> dict[str, fl
     return out
 
 
+def time_cells(push: Callable[[], Any], device: torch.device, cells: int, warmup: int) -> float:
+    """Median seconds of ``push()`` over ``cells`` calls after ``warmup`` (device-synchronised)."""
+    times = []
+    for i in range(warmup + cells):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        push()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 @torch.no_grad()
 def cell_seconds(
     decoder: FastDecoder,
@@ -307,19 +330,8 @@ def cell_seconds(
 
     dev = torch.device(device)
     stream = StreamingFastDecoder(copy.deepcopy(decoder).to(dev), dtype)
-    g = torch.Generator().manual_seed(0)
-    z = torch.randn(1, stream.z_dim, 1, *latent_hw, generator=g).to(dev)
-    times = []
-    for i in range(warmup + cells):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        stream.push(z)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    z = torch.randn(1, stream.z_dim, 1, *latent_hw, generator=torch.Generator().manual_seed(0)).to(dev)
+    return time_cells(lambda: stream.push(z), dev, cells, warmup)
 
 
 # -- the file and its record ------------------------------------------------------------------------
@@ -334,7 +346,9 @@ def save_fast_decoder(decoder: FastDecoder, path: Path | str) -> str:
 
     path = Path(path)
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in decoder.state_dict().items()}
-    meta = {"format": FORMAT, "z_dim": str(decoder.z_dim), "width": str(decoder.width)}
+    # one metadata key: safetensors writes its metadata map in a per-process random order, so
+    # several keys would give the same weights another SHA256 in another process
+    meta = {META_KEY: json.dumps({"format": FORMAT, "z_dim": decoder.z_dim, "width": decoder.width})}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
     return sha256_file(path)
@@ -354,15 +368,21 @@ def load_fast_decoder(
         raise WeightsError(f"fast decoder weights {path} do not exist ({field} = {expected_sha256})")
     got = sha256_file(path)
     if got != expected_sha256.lower():
-        raise WeightsError(f"fast decoder weights {path}: sha256 {got} does not match {field} = {expected_sha256}")
+        raise WeightsError(
+            f"fast decoder weights {path}: sha256 {got} does not match {field} = {expected_sha256}"
+        )
     with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != FORMAT:
-        raise WeightsError(f"{path}: metadata format={meta.get('format')!r}, not a {FORMAT} file")
+        raw = (f.metadata() or {}).get(META_KEY, "{}")
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        meta = {}
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise WeightsError(f"{path}: metadata {META_KEY}={raw!r} is not a {FORMAT} file's")
     try:
         dec = FastDecoder(int(meta["z_dim"]), int(meta["width"]))
-    except (KeyError, ValueError) as e:
-        raise WeightsError(f"{path}: metadata z_dim / width missing or bad ({e})") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise WeightsError(f"{path}: metadata {META_KEY} field z_dim / width missing or bad ({e})") from None
     dec.load_state_dict(load_file(str(path)), strict=True)
     return dec.to(device).eval().requires_grad_(False)
 
@@ -376,21 +396,24 @@ def record_file(cfg: Gc25dConfig) -> Path:
     return weights_file(cfg).with_suffix(".json")
 
 
+class _RecordHead(BaseModel):
+    """What the loader needs of a record; the rest (the fit's numbers) is kept as it is."""
+
+    model_config = ConfigDict(extra="allow")
+    sha256: str
+    inputs_key: str
+
+
 def read_record(cfg: Gc25dConfig) -> dict[str, Any] | None:
     """The record, or None when there is none; an error naming the file and the field otherwise."""
     path = record_file(cfg)
     if not path.is_file():
         return None
     try:
-        rec = json.loads(path.read_text())
-    except ValueError as e:
-        raise WeightsError(f"{path}: not a fast decoder record ({e})") from None
-    if not isinstance(rec, dict):
-        raise WeightsError(f"{path}: a fast decoder record is a JSON object")
-    for k in ("sha256", "inputs_key"):
-        if not isinstance(rec.get(k), str):
-            raise WeightsError(f"{path}: field {k!r} is missing or not a string")
-    return rec
+        return _RecordHead.model_validate_json(path.read_bytes()).model_dump()
+    except ValidationError as e:
+        why = "; ".join(f"field {'.'.join(map(str, x['loc'])) or '<root>'}: {x['msg']}" for x in e.errors())
+        raise WeightsError(f"{path}: not a fast decoder record ({why})") from None
 
 
 def load_fast_decoder_for(cfg: Gc25dConfig, device: Any = "cpu") -> FastDecoder:
@@ -402,5 +425,8 @@ def load_fast_decoder_for(cfg: Gc25dConfig, device: Any = "cpu") -> FastDecoder:
             "(materialize fast_decoder first)"
         )
     return load_fast_decoder(
-        weights_file(cfg), expected_sha256=rec["sha256"], device=device, field=f"'sha256' in {record_file(cfg)}"
+        weights_file(cfg),
+        expected_sha256=rec["sha256"],
+        device=device,
+        field=f"'sha256' in {record_file(cfg)}",
     )

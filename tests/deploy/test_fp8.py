@@ -83,7 +83,9 @@ def test_fp8_session_under_cuda_graphs_stays_near_the_bf16_path(tiny_export, dep
     weight = rt.model.get_submodule(rt.fp8_layers[0]).weight
     assert "Float8" in type(weight).__name__, type(weight)
     assert rt.graphed.disabled is None and rt.graphed.replays - before == 5 * len(blocks)
-    rel = [float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()) for a, b in zip(got, ref, strict=True)]
+    rel = [
+        float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()) for a, b in zip(got, ref, strict=True)
+    ]
     print(f"fp8 vs bf16 relative latent RMSE per cell: max {max(rel):.4f}, mean {np.mean(rel):.4f}")
     assert max(rel) < 0.10, rel
     assert max(rel) > 0  # FP8 did change the arithmetic
