@@ -11,7 +11,9 @@ Noise comes from one generator seeded per session, so a seed and a block sequenc
 frames. Options (each measured against this exact path by bench/speed/deploy.py): ``fold_commit`` (the
 commit rides on the next cell's first forward), ``compile`` (torch.compile of the block body),
 ``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
-second CUDA stream while cell k + 1 denoises; frames then come out one cell later).
+second CUDA stream while cell k + 1 denoises; frames then come out one cell later), ``fp8`` (FP8
+GEMMs in the blocks' linear layers, models.fp8; ``fp8_skip`` opts layers out) and ``decoder='fast'``
+(the fast_decoder asset's small decoder instead of the VAE's, models.fast_decoder).
 """
 
 from __future__ import annotations
