@@ -258,6 +258,47 @@ class VaeConfig(Strict):
     )
 
 
+class FastDecoderConfig(Strict):
+    """The fast decoder (gc25d_core.models.fast_decoder, the ``fast_decoder`` asset): a small causal
+    decoder distilled from ``vae``'s decoder on the processed latents, which deploy takes with
+    ``--decoder fast``."""
+
+    enabled: bool = Field(
+        default=False,
+        description="the fast_decoder asset fits one (off, the default: it does nothing, and make run "
+        "stays as long as it was: the VAE decode of its targets alone is minutes on 2 CPU cores)",
+    )
+    steps: int = Field(default=300, ge=1)
+    batch: int = Field(default=8, ge=1, description="latent cells per step")
+    width: int = Field(default=32, ge=4, multiple_of=4, description="channels at the latent resolution")
+    lr: float = Field(default=2e-3, gt=0)
+    gt_weight: float = Field(
+        default=0.25, ge=0, description="weight of the raw frames' MSE beside the VAE decode's (the teacher)"
+    )
+    seed: int = 0
+    threads: int = Field(
+        default=2, ge=1, description="torch CPU threads: fixed, so the fit is the same on any machine"
+    )
+    device: Literal["cpu", "cuda"] | None = Field(
+        default=None, description="where it trains (None: `device`)"
+    )
+    max_clips: int = Field(
+        default=32, ge=1, description="train clips at most (their VAE decode is held in memory)"
+    )
+    cells_per_clip: int = Field(
+        default=6,
+        ge=2,
+        description="the first cells of every clip it trains and is measured on (the VAE decodes causally: "
+        "its targets cost this share of whole clips)",
+    )
+    heldout_clips: int = Field(default=4, ge=0, description="val clips its PSNRs are measured on, at most")
+    ckpt_every: int = Field(default=50, ge=1, description="steps between resume checkpoints")
+    file: str = Field(
+        default="models/fast_decoder.safetensors",
+        description="under paths.data_root; its SHA256 goes to the record file beside it (.json)",
+    )
+
+
 class CacheConfig(Strict):
     """The training cache the trainers read (dataset card): where, and how processed clips are packed."""
 
@@ -290,6 +331,7 @@ class RootConfig(Strict):
     text: TextConfig = TextConfig()
     vae: VaeConfig = VaeConfig()
     cache: CacheConfig = CacheConfig()
+    fast_decoder: FastDecoderConfig = FastDecoderConfig()
     distributed: DistributedConfig = DistributedConfig()
 
 

@@ -27,9 +27,10 @@ SHIPPED = ("gc25d_core", "gc25d_pipeline")
 OPTIONAL: dict[str, tuple[str, frozenset[str]]] = {
     "kubernetes": ("scaleout", frozenset({"gc25d_pipeline/lib/k8s.py"})),
     "flash_attn": ("fa4", frozenset({"gc25d_core/models/fa4.py"})),
+    "torchao": ("fp8", frozenset({"gc25d_core/models/fp8.py"})),
 }
 # Optional packages that are not installed in a CPU checkout (packages_distributions cannot map them)
-NOT_INSTALLED_HERE = {"flash_attn": "flash-attn-4"}
+NOT_INSTALLED_HERE = {"flash_attn": "flash-attn-4", "torchao": "torchao"}
 
 
 def _normalize(name: str) -> str:

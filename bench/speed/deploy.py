@@ -85,6 +85,8 @@ LEVERS = (
     "graphs_all_defer_stream",
     "graphs_all_fold",
     "graphs_compile",
+    "graphs_all_fp8",
+    "graphs_fastdec",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -182,6 +184,16 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "defer_commit": True,
             **stream,
         },
+        # issue 34: graphs_all with FP8 GEMMs in the blocks (models.fp8, on a copy of the bench's
+        # model), and graphs with the fast decoder (random weights: its speed, not its picture)
+        "graphs_all_fp8": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+            "fp8": True,
+        },
+        "graphs_fastdec": {"cuda_graphs": True, "decode_dtype": "bf16", "decoder": "fast"},
     }
     return options[name]
 
@@ -248,6 +260,7 @@ class Bench:
         ]
         self.anchor_rgb = torch.randint(0, 256, (1, *px, 3), generator=g, dtype=torch.uint8).numpy()
         self.exact: list[torch.Tensor] = []
+        self.exact_frames: list[np.ndarray] = []  # the reference lever's frames, one array per cell
         from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
 
         self.geo = FULL_GEOMETRY if full else TINY_GEOMETRY
@@ -258,6 +271,47 @@ class Bench:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.dev)
+
+    def runtime(self, cls: Any, opts: Any) -> Any:
+        """The lever's runtime on the bench's model; FP8 converts a copy (in place, for good)."""
+        import copy
+
+        from gc25d_core.models.fast_decoder import FastDecoder
+
+        model = copy.deepcopy(self.model) if opts.fp8 else self.model
+        fast = FastDecoder().to(self.dev) if opts.decoder == "fast" else None
+        return cls(model, self.meta, self.table, self.vae, opts, fast_decoder=fast)
+
+    def compare(self, latents: list[torch.Tensor], frames: list[np.ndarray]) -> dict[str, Any]:
+        """This lever's cells against the reference lever's (``--reference``, same seed and
+        actions): max |x0 diff|, per-cell latent RMSE and decoded-frame PSNR (uint8, dB)."""
+        from gc25d_core.models.fast_decoder import psnr
+
+        n = min(len(self.exact), len(latents))
+        pairs = list(zip(self.exact[:n], latents[:n], strict=True))
+        diff = max(float((x - y).abs().max()) for x, y in pairs)
+        scale = max(float(x.abs().max()) for x in self.exact[:n])
+        rmse = [float((x - y).pow(2).mean().sqrt()) for x, y in pairs]
+        rms = statistics.fmean(float(x.pow(2).mean().sqrt()) for x in self.exact[:n])
+        out: dict[str, Any] = {
+            "reference": self.args.reference,
+            "cells": n,
+            "max_abs_diff": diff,
+            "rel": diff / max(scale, 1e-12),
+            "latent_rmse": {"mean": statistics.fmean(rmse), "max": max(rmse), "ref_rms": rms},
+        }
+        m = min(len(self.exact_frames), len(frames))
+        if m:
+            p = [psnr(a, b) for a, b in zip(self.exact_frames[:m], frames[:m], strict=True)]
+            finite = [x for x in p if x != float("inf")]
+            out["frame_psnr_db"] = {
+                "cells": m,
+                "identical_cells": len(p) - len(finite),
+                "mean": statistics.fmean(finite) if finite else float("inf"),
+                "p50": statistics.median(p),
+                "min": min(p),
+            }
+        return out
 
     def cell_inputs(self, cell: int) -> tuple[np.ndarray, str]:
         return self.ids_pool[cell % len(self.ids_pool)], self.keys[(7 * cell) % len(self.keys)]
@@ -271,7 +325,7 @@ class Bench:
         opts = RuntimeOptions(seed=0, **lever_options(name, self.cuda))
         out: dict[str, Any] = {"options": opts.model_dump()}
         t_start = time.perf_counter()
-        rt = DeployRuntime(self.model, self.meta, self.table, self.vae, opts)
+        rt = self.runtime(DeployRuntime, opts)
         # first frame, cold: anchor encode + prefill + cell 1 + its decode (compile warm-up included)
         latent = encode_frames(self.vae, self.anchor_rgb)[None]
         rt.start(latent, self.ids_pool[0][:1], self.keys[0])
@@ -355,13 +409,10 @@ class Bench:
         out["denoise_only_fps"] = 4 / den if den else None
         out["real_time"] = bool(med is not None and med <= 0.25)
         out["goal"] = bool(med is not None and med <= 0.125)
-        if name == "exact":
+        if name == a.reference:
             self.exact = latents
         elif self.exact:
-            n = min(len(self.exact), len(latents))
-            diff = max(float((x - y).abs().max()) for x, y in zip(self.exact[:n], latents[:n], strict=True))
-            scale = max(float(x.abs().max()) for x in self.exact[:n])
-            out["vs_exact"] = {"cells": n, "max_abs_diff": diff, "rel": diff / max(scale, 1e-12)}
+            out["vs_exact"] = self.compare(latents, [])
         del rt
         if self.cuda:
             torch.cuda.empty_cache()
@@ -379,7 +430,7 @@ class Bench:
         opts = RuntimeOptions(seed=0, **lever_options(name, self.cuda))
         out: dict[str, Any] = {"options": opts.model_dump(), "world_renderer": a.world}
         t0 = time.perf_counter()
-        rt = DeployRuntime(self.model, self.meta, self.table, self.vae, opts)
+        rt = self.runtime(DeployRuntime, opts)
         world = LiveWorld(WorldConfig(renderer=a.world), self.geo, device=self.dev)
         session = LiveSession(rt, world, self.vae)
         session.prepare()
@@ -394,6 +445,7 @@ class Bench:
         out["start_s"] = time.perf_counter() - t_start
         walls: list[float] = []
         latents: list[torch.Tensor] = []
+        kept: list[np.ndarray] = []  # each cell's frames (fresh host arrays: kept, not copied)
         first_frame: float | None = None
         limit = a.max_exact_s if name == "exact" and a.max_exact_s is not None else a.max_lever_s
         deadline = time.perf_counter() + limit
@@ -412,6 +464,8 @@ class Bench:
                 first_frame = t1 - t_start
             # kept on the device: a copy to the host here would wait for that in-flight work
             latents.append(o.out.latent.detach().clone())
+            if o.out.frames:
+                kept.append(np.concatenate(o.out.frames) if len(o.out.frames) > 1 else o.out.frames[0])
             if check and i < a.world_check:
                 self.world_ids.append(o.ids)
             if time.perf_counter() > deadline:
@@ -447,14 +501,11 @@ class Bench:
             out["decode_graph_disabled"] = rt.decoder.graph_disabled
         if rt.notes:
             out["notes"] = rt.notes
-        if name == "exact":
-            self.exact = latents
+        if name == a.reference:
+            self.exact, self.exact_frames = latents, kept
         elif self.exact:
-            n = min(len(self.exact), len(latents))
-            diff = max(float((x - y).abs().max()) for x, y in zip(self.exact[:n], latents[:n], strict=True))
-            scale = max(float(x.abs().max()) for x in self.exact[:n])
-            out["vs_exact"] = {"cells": n, "max_abs_diff": diff, "rel": diff / max(scale, 1e-12)}
-        del rt, session, world
+            out["vs_exact"] = self.compare(latents, kept)
+        del rt, session, world, kept
         if self.cuda:
             torch.cuda.empty_cache()
         return out
@@ -498,7 +549,7 @@ class Bench:
         reset_model(self.model)
         opts = RuntimeOptions(seed=0, **lever_options(name, self.cuda))
         t0 = time.perf_counter()
-        rt = DeployRuntime(self.model, self.meta, self.table, self.vae, opts)
+        rt = self.runtime(DeployRuntime, opts)
         world = LiveWorld(WorldConfig(renderer=self.args.world), self.geo, device=self.dev)
         session = LiveSession(rt, world, self.vae)
         session.prepare()
@@ -810,6 +861,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="",
         help=f"comma list of {','.join(LEVERS)} (default: loop {','.join(LOOP_LEVERS)}; steady all on cuda)",
     )
+    p.add_argument(
+        "--reference",
+        default="exact",
+        help="the lever run first, every other compared with (vs_exact: latents, and frames in the loop)",
+    )
     p.add_argument("--cells", type=int, default=None, help="cells per lever (default: loop 240, steady 100)")
     p.add_argument(
         "--parts",
@@ -876,9 +932,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(chosen) - set(LEVERS)
     if unknown:
         p.error(f"unknown levers {sorted(unknown)}; known: {list(LEVERS)}")
-    if "exact" in chosen:
-        chosen.remove("exact")
-    chosen = ["exact", *chosen]  # the reference first: every lever is compared with it
+    if args.reference not in LEVERS:
+        p.error(f"unknown --reference {args.reference}; known: {list(LEVERS)}")
+    if args.reference in chosen:
+        chosen.remove(args.reference)
+    chosen = [args.reference, *chosen]  # the reference first: every lever is compared with it
     import contextlib
 
     with contextlib.redirect_stdout(sys.stderr):  # library chatter must not break the one JSON line

@@ -56,6 +56,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         "default on CUDA without --decode-stream)",
     )
     p.add_argument(
+        "--decoder",
+        choices=("vae", "fast"),
+        default="vae",
+        help="vae (default), or fast: the fast_decoder asset's small decoder (models.fast_decoder)",
+    )
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="FP8 GEMMs for the DiT blocks' linear layers (torchao, sm89+ GPU; models.fp8)",
+    )
+    p.add_argument(
+        "--fp8-skip",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --fp8: keep the linear layers matching this fnmatch pattern in bf16 (e.g. 'blocks.0.*')",
+    )
+    p.add_argument(
         "--decode-stream",
         action="store_true",
         help="decode on a second CUDA stream while the next cell denoises (frames one cell later; "
@@ -128,6 +146,10 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     graphs_all_defer: the exact path's latents, the whole-loop figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
     The side-stream decode runs without the decode graph unless ``--decode-graph`` asks for it
     (the pair is not measured)."""
+    if args.fp8_skip and not args.fp8:
+        raise ValueError("--fp8-skip needs --fp8")
+    if args.exact and args.fp8:
+        raise ValueError("--exact contradicts --fp8 (the exact path is bf16)")
     if args.exact and (
         args.cuda_graphs or args.fast_decode or args.decode_stream or args.decode_graph or args.defer_commit
     ):
@@ -149,6 +171,9 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         decode_fast=decode_fast,
         decode_stream=args.decode_stream,
         decode_graph=args.decode_graph or (fast and not args.decode_stream),
+        decoder=args.decoder,
+        fp8=args.fp8,
+        fp8_skip=tuple(args.fp8_skip),
     )
 
 

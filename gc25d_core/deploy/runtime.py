@@ -12,7 +12,9 @@ frames. Options (each measured against this exact path by bench/speed/deploy.py)
 commit rides on the next cell's first forward), ``defer_commit`` (the commit runs after the cell's
 decode and is not waited for: the same latents, the frames one commit sooner), ``compile`` (torch.compile of the block body),
 ``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
-second CUDA stream while cell k + 1 denoises; frames then come out one cell later).
+second CUDA stream while cell k + 1 denoises; frames then come out one cell later), ``fp8`` (FP8
+GEMMs in the blocks' linear layers, models.fp8; ``fp8_skip`` opts layers out) and ``decoder='fast'``
+(the fast_decoder asset's small decoder instead of the VAE's, models.fast_decoder).
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ class RuntimeOptions(Strict):
     decode_fast: bool = Field(
         default=False,
         description="lean VAE ops + channels-last-3d conv weights + cuDNN autotune for the decode (GPU)",
+    )
+    decoder: Literal["vae", "fast"] = Field(
+        default="vae",
+        description="the VAE's streaming decoder, or the fast_decoder asset's (models.fast_decoder)",
+    )
+    fp8: bool = Field(default=False, description="FP8 GEMMs for the DiT blocks' linear layers (models.fp8)")
+    fp8_skip: tuple[str, ...] = Field(
+        default=(), description="fnmatch patterns of linear layers kept in bf16 with fp8 (per-layer opt-out)"
     )
 
 
@@ -187,7 +197,10 @@ class DeployRuntime:
         table: dict[str, torch.Tensor],
         vae: Any,
         options: RuntimeOptions | None = None,
+        fast_decoder: Any = None,
     ):
+        """``fast_decoder``: a ``models.fast_decoder.FastDecoder``, which ``options.decoder='fast'``
+        needs (it decodes instead of the VAE; the VAE still encodes the anchor)."""
         from gc25d_core.models.gcdit import TextContext
         from gc25d_core.models.kv_graphs import GraphedKVForward
         from gc25d_core.models.sampler import CausalStreamer
@@ -202,6 +215,11 @@ class DeployRuntime:
         self.cuda = self.device.type == "cuda"
         if opts.fused_rmsnorm:
             model.use_fused_rmsnorm(True)
+        self.fp8_layers: list[str] = []
+        if opts.fp8:  # before the graphs are captured (warm_up): they replay the FP8 kernels
+            from gc25d_core.models.fp8 import apply_fp8
+
+            self.fp8_layers = apply_fp8(model, opts.fp8_skip)
         if opts.compile:
             model.enable_compile(**({"mode": opts.compile_mode} if opts.compile_mode else {}))
         # one bank of every prompt for the whole session: its text embedding and each block's
@@ -213,11 +231,24 @@ class DeployRuntime:
         self._key_idx = {k: torch.tensor([[i]], device=self.device) for k, i in self.key_index.items()}
         self.vae = vae
         decode_dtype = torch.bfloat16 if opts.decode_dtype == "bf16" else torch.float32
-        if decode_dtype != torch.float32 or opts.decode_fast:
-            from gc25d_core.models.vae import decode_copy
+        self.decoder: Any
+        if opts.decoder == "fast":
+            from gc25d_core.models.fast_decoder import StreamingFastDecoder
 
-            self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
-        self.decoder = StreamingDecoder(self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda)
+            if fast_decoder is None:
+                raise ValueError(
+                    "decoder='fast' needs the fast decoder (the fast_decoder asset's file: "
+                    "models.fast_decoder.load_fast_decoder_for)"
+                )
+            self.decoder = StreamingFastDecoder(fast_decoder.to(self.device), dtype=decode_dtype)
+        else:
+            if decode_dtype != torch.float32 or opts.decode_fast:
+                from gc25d_core.models.vae import decode_copy
+
+                self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
+            self.decoder = StreamingDecoder(
+                self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda
+            )
         self.decode_stream: torch.cuda.Stream | None = None
         self.set_decode_stream(opts.decode_stream)
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
@@ -259,13 +290,14 @@ class DeployRuntime:
         device: Any = "cpu",
         expected_sha256: str | None = None,
         options: RuntimeOptions | None = None,
+        fast_decoder: Any = None,
     ) -> DeployRuntime:
         device = torch.device(device)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model, meta = load_deploy_model(
             export, vocab=vocab, device=device, dtype=dtype, expected_sha256=expected_sha256
         )
-        return cls(model, meta, table, vae.to(device), options)
+        return cls(model, meta, table, vae.to(device), options, fast_decoder=fast_decoder)
 
     def sync(self) -> None:
         if self.cuda:

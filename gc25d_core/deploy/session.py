@@ -133,8 +133,20 @@ def open_session(
     dev = torch.device(device or ("cuda" if cfg.device == "cuda" and torch.cuda.is_available() else "cpu"))
     vae = build_vae_for(cfg, dev)
     table = load_text_table(cfg)
+    fast = None
+    if options is not None and options.decoder == "fast":  # the fast_decoder asset's, SHA256 checked
+        from gc25d_core.models.fast_decoder import load_fast_decoder_for
+
+        fast = load_fast_decoder_for(cfg, dev)
     runtime = DeployRuntime.load(
-        export, table, vae, vocab=cfg.vocab, device=dev, expected_sha256=expected_sha256, options=options
+        export,
+        table,
+        vae,
+        vocab=cfg.vocab,
+        device=dev,
+        expected_sha256=expected_sha256,
+        options=options,
+        fast_decoder=fast,
     )
     anchor = read_anchor_image(anchor_image, cfg) if anchor_image is not None else None
     # the world renders its ids where the model reads them (torch renderer) or on the CPU (numpy)

@@ -9,6 +9,9 @@
     vae        the VAE interface: build_vae_for (the config's VAE, weights checked), encode, decode,
                streaming decode, z_dim; over DiffSynth's WanVideoVAE38 (+ a tiny variant for tests)
     vae_fit    the tiny VAE's fit, its file and how the builder finds it
+    fast_decoder  a small causal decoder distilled from the VAE (deploy's ``--decoder fast``), its
+               fit, file and record
+    fp8        FP8 GEMMs for the DiT blocks' linear layers in deploy (torchao, optional extra)
 
 Submodules are imported explicitly: ``gcdit``, ``causal`` (rollout), ``loading`` and ``vae`` import
 DiffSynth (through ``gc25d_core.compat``), which takes several seconds; ``configs`` does not.

@@ -92,7 +92,11 @@ def test_bench_deploy_loop_cpu_tiny_times_every_cell_and_checks_the_world(tmp_pa
         assert all(parts[k]["n"] == 2 for k in parts)
     assert r["levers"]["fold"]["vs_exact"]["cells"] == 3
     assert r["levers"]["fold"]["vs_exact"]["rel"] < 1e-4
-    assert r["levers"]["defer"]["vs_exact"] == {"cells": 3, "max_abs_diff": 0.0, "rel": 0.0}
+    d = r["levers"]["defer"]["vs_exact"]
+    assert (d["cells"], d["max_abs_diff"], d["rel"]) == (3, 0.0, 0.0)
+    vs = r["levers"]["fold"]["vs_exact"]  # per cell against the reference: latents and shown frames
+    assert vs["reference"] == "exact" and vs["latent_rmse"]["max"] < 1e-4 < vs["latent_rmse"]["ref_rms"]
+    assert vs["frame_psnr_db"]["cells"] == 3 and vs["frame_psnr_db"]["min"] > 40
     assert r["world_check"]["cells"] == 2 and r["world_check"]["agreement"] >= 0.999
     assert r["world_speed"]["torch_fp64"]["cell_s"]["n"] == 3
     assert r["summary"]["best_lever"] in {"exact", "fold", "defer"}
