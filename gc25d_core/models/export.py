@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gc25d_core.atomic import atomic_path
 from gc25d_core.models.configs import CausalConfig, DiTConfig
 from gc25d_core.models.sem_cond import SEM_COND_NAME, detect_sem_hidden, detect_vocab
 from gc25d_core.vocab import VOCABS, Vocab
@@ -218,7 +217,7 @@ def save_export(
 ) -> Path:
     """Write the export atomically and return its path. ``causal`` and ``denoise_axis`` go together
     (causal exports record the denoise axis, sink, window and RoPE cap)."""
-    from safetensors.torch import save_file
+    from gc25d_core.models.safetensors_file import save_safetensors
 
     sd = export_state_dict(model_or_sd)
     cfg = dit_config or _model_config(model_or_sd) or infer_dit_config(sd)
@@ -237,10 +236,7 @@ def save_export(
         denoise_axis=None if denoise_axis is None else tuple(float(t) for t in denoise_axis),
         extra=dict(extra or {}),
     )
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        save_file(sd, str(tmp), metadata=meta.to_metadata())
-    return path
+    return save_safetensors(sd, path, meta.to_metadata())
 
 
 def parse_metadata(

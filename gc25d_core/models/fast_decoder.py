@@ -339,19 +339,12 @@ def cell_seconds(
 
 def save_fast_decoder(decoder: FastDecoder, path: Path | str) -> str:
     """Atomic safetensors write; returns the file's SHA256."""
-    from safetensors.torch import save_file
-
-    from gc25d_core.atomic import atomic_path
     from gc25d_core.hashing import sha256_file
+    from gc25d_core.models.safetensors_file import save_safetensors
 
-    path = Path(path)
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in decoder.state_dict().items()}
-    # one metadata key: safetensors writes its metadata map in a per-process random order, so
-    # several keys would give the same weights another SHA256 in another process
     meta = {META_KEY: json.dumps({"format": FORMAT, "z_dim": decoder.z_dim, "width": decoder.width})}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-    return sha256_file(path)
+    return sha256_file(save_safetensors(tensors, path, meta))
 
 
 def load_fast_decoder(

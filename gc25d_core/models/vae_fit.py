@@ -116,17 +116,12 @@ def set_norm(vae: TinyWanVideoVAE38, mean: torch.Tensor, std: torch.Tensor) -> N
 
 def save_tiny_vae(vae: TinyWanVideoVAE38, path: Path | str) -> str:
     """Atomic safetensors write of the inner model + normalisation; returns the file's SHA256."""
-    from safetensors.torch import save_file
-
-    from gc25d_core.atomic import atomic_path
     from gc25d_core.hashing import sha256_file
+    from gc25d_core.models.safetensors_file import save_safetensors
 
     tensors = {k: v.contiguous() for k, v in vae.model.state_dict().items()}
     tensors[NORM_KEYS[0]], tensors[NORM_KEYS[1]] = vae.mean.contiguous(), vae.std.contiguous()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": FIT_FORMAT, "dim": "16"})
-    return sha256_file(path)
+    return sha256_file(save_safetensors(tensors, path, {"format": FIT_FORMAT, "dim": "16"}))
 
 
 def load_tiny_vae(
