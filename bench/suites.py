@@ -532,6 +532,21 @@ SUITES: dict[str, Suite] = {
             Show("small.log", tail=30),
         ),
     ),
+    "small-chain": Suite(
+        "nvidia-h200",
+        "the small preset's whole chain (issue 35) up to phase {1} (sft, stage1_tf, stage2_cd, stage3_dmd, "
+        "deploy, eval), resuming in /tmp/small: one call per phase group, back to back on one warm machine",
+        (
+            Step(
+                py("-m bench.quality.small_chain --root /tmp/small --cpu-ranks 12 --through {1}"),
+                560,
+                log="small_chain.log",
+            ),
+            Show("small_chain.log", grep="^{"),
+            Show("small_chain.log", tail=60),
+        ),
+        defaults=("sft",),
+    ),
     "sft": Suite(
         "nvidia-h200-x2",
         "NCCL bandwidth; SFT at NCCL's default, 8 CTAs, no overlap, 4 CTAs beside baselines/plain_zero2.py; "

@@ -44,30 +44,19 @@ def launch(module: str, cfg: Any, run_dir: Path, nproc: int, extra: list[str] | 
         raise SystemExit(f"{module} failed (rc {rc}); log {log}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, required=True, help="data and runs go under it")
-    ap.add_argument("--sft-steps", type=int, default=None, help="default: configs/sft/small.yaml")
-    ap.add_argument("--cpu-ranks", type=int, default=8, help="ranks of the CPU jobs (cond, meta, ...)")
-    ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
-    args = ap.parse_args(argv)
-
-    from gc25d_core import index as clip_index
-    from gc25d_core import raw_prepare
-    from gc25d_core.cache.from_layout import pack_and_publish
+def small_config(root: Path, smoke: bool = False, sft_steps: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The `small` preset's run config with its data and runs under ``root``, and the SFT section's
+    overrides (``smoke``: the tiny world and a 2-layer model on CPU, for the plumbing)."""
     from gc25d_core.config import load_config
-    from gc25d_core.text import materialize_table
-    from gc25d_core.train.previews import learning_signal_report
-    from gc25d_core.train.sft import with_sft
 
-    root = args.root.resolve()
+    root = root.resolve()
     over: dict[str, Any] = {
         "paths": {"data_root": str(root / "gc25d"), "runs_root": str(root / "runs")},
         "raw": {"root": str(root / "raw")},
         "cache": {"store": str(root / "cache")},
     }
     sft: dict[str, Any] = {}
-    if args.smoke:
+    if smoke:
         over |= {"device": "cpu", "distributed": {"nproc_per_node": 1, "backend": "gloo"}}
         # the tiny world (6 runs at 128×64): the plumbing, not the small world's minutes of rendering
         over["raw"] |= {"codeworld_preset": "tiny"}
@@ -85,9 +74,30 @@ def main(argv: list[str] | None = None) -> None:
             "data": {"num_workers": 0},
             "model": {"overrides": {"dim": 64, "ffn_dim": 128, "num_heads": 2, "num_layers": 2}},
         }
-    if args.sft_steps is not None:
-        sft["max_steps"] = args.sft_steps
-    cfg = with_sft(load_config("small", over), "small", sft)
+    if sft_steps is not None:
+        sft["max_steps"] = sft_steps
+    return load_config("small", over), sft
+
+
+def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
+    """Data + SFT; returns the run config, the SFT run folder and the snapshot version it trained on."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, required=True, help="data and runs go under it")
+    ap.add_argument("--sft-steps", type=int, default=None, help="default: configs/sft/small.yaml")
+    ap.add_argument("--cpu-ranks", type=int, default=8, help="ranks of the CPU jobs (cond, meta, ...)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
+    args = ap.parse_args(argv)
+
+    from gc25d_core import index as clip_index
+    from gc25d_core import raw_prepare
+    from gc25d_core.cache.from_layout import pack_and_publish
+    from gc25d_core.text import materialize_table
+    from gc25d_core.train.previews import learning_signal_report
+    from gc25d_core.train.sft import with_sft
+
+    cfg, sft = small_config(args.root, args.smoke, args.sft_steps)
+    root = args.root.resolve()
+    cfg = with_sft(cfg, "small", sft)
     cpu_cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "gloo"})})
     runs = root / "runs"
     t_all = time.perf_counter()
@@ -131,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     launch("gc25d_core.jobs.sft", sft_cfg, run_dir, cfg.distributed.nproc_per_node)
     phase("sft", t0, run_dir=str(run_dir))
     print(learning_signal_report(run_dir) or f"{run_dir}: no validation records")
+    return sft_cfg, run_dir, version
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""The `small` preset's whole chain on one GPU, without Dagster (issue 35): data → SFT → the §10
+pick → stage 1 → stage 2 → stage 3 → deploy export → eval.
+
+Each phase runs through the same core function or torchrun entry point its asset calls, into the run
+folder its asset uses (``<runs_root>/<stage>/<snapshot>``), and resumes from it: a stage that ran
+past a device call's limit goes on from its last state at the next call on the same warm machine
+(``--through`` stops after a phase, so each call can hold one or two of them). The stage sections
+come from ``configs/<stage>/small.yaml``; the hand-offs chain as the stage assets chain them
+(``gc25d_core.stages``: ``init_from`` / ``real_from``).
+
+Usage (GPU machine; one call per line, back to back on one warm machine):
+    python -m bench.quality.small_chain --root /tmp/small --through sft --cpu-ranks 12
+    python -m bench.quality.small_chain --root /tmp/small --through stage2_cd
+    python -m bench.quality.small_chain --root /tmp/small --through stage3_dmd
+    python -m bench.quality.small_chain --root /tmp/small --through eval      # live2400 + the dataset sweeps
+Smoke (here, CPU): python -m bench.quality.small_chain --root /tmp/small_smoke --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.quality import small_preset
+from bench.quality.small_preset import launch, phase
+
+PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "eval")
+# --smoke: a few steps of each stage on CPU (fp32, one rank), enough to pass every hand-off
+SMOKE_STAGE: dict[str, Any] = {
+    "precision": "fp32",
+    "micro_batch": 1,
+    "max_steps": 2,
+    "export_every": 2,
+    "state_every": 2,
+    "val": {"every": 2, "num_clips": 1},
+    "data": {"num_workers": 0},
+}
+SMOKE_STAGE3: dict[str, Any] = {"critic_steps": 1, "max_cells": 22}
+# the eval: the dataset sweeps as the asset runs them and the ten-minute live session (issue 35)
+EVAL: dict[str, Any] = {"live_sweeps": ["live2400"]}
+SMOKE_EVAL: dict[str, Any] = {
+    "live_sweeps": ["live240"],
+    "live_cells": 8,
+    "clip28_clips": 1,
+    "chain241_chains": 0,
+}
+
+
+def _stage_section(name: str, smoke: bool, steps: dict[str, int]) -> dict[str, Any]:
+    sec: dict[str, Any] = dict(SMOKE_STAGE) if smoke else {}
+    if smoke and name == "stage3_dmd":
+        sec |= SMOKE_STAGE3
+    if name in steps:
+        sec["max_steps"] = steps[name]
+    return sec
+
+
+def _handoff_model(path: Path, export: str) -> dict[str, Any]:
+    return {"init": "handoff", "handoff": str(path), "handoff_export": export}
+
+
+def pick_teacher(cfg: Any, sft_run: Path, smoke: bool) -> Path:
+    """The §10 pick over the SFT run folder, written as its teacher.json (what the sft_teacher asset
+    writes); the small preset's short run takes ``pick.min_step`` from its preset."""
+    from gc25d_core.handoff import TEACHER, handoff_of, write_handoff_file
+    from gc25d_core.train.pick import pick_sft_run
+
+    min_step = 0 if smoke else cfg.sft.pick.min_step
+    pick = pick_sft_run(sft_run, min_step=min_step, rel_tol=cfg.sft.pick.rel_tol)
+    assert pick.path is not None
+    write_handoff_file(
+        sft_run / TEACHER, handoff_of("sft", pick.step, pick.path, runs_root=cfg.paths.runs_root)
+    )
+    return sft_run / TEACHER
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, required=True, help="data and runs go under it")
+    ap.add_argument("--through", choices=PHASES, default="eval", help="stop after this phase")
+    ap.add_argument("--cpu-ranks", type=int, default=8, help="ranks of the CPU data jobs")
+    ap.add_argument("--sft-steps", type=int, default=None, help="default: configs/sft/small.yaml")
+    ap.add_argument(
+        "--steps", action="append", default=[], metavar="STAGE=N", help="a stage's max_steps (repeatable)"
+    )
+    ap.add_argument(
+        "--eval",
+        default=None,
+        help="JSON: fields of the eval's EvalConfig (default: live2400, or a short live240 with --smoke)",
+    )
+    ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
+    args = ap.parse_args(argv)
+    steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
+
+    from gc25d_core.handoff import read_handoff
+    from gc25d_core.stages import STAGES
+    from gc25d_core.train.presets import with_stage
+    from gc25d_core.train.previews import learning_signal_report
+
+    data_argv = ["--root", str(args.root), "--cpu-ranks", str(args.cpu_ranks)]
+    data_argv += ["--smoke"] if args.smoke else []
+    data_argv += [] if args.sft_steps is None else ["--sft-steps", str(args.sft_steps)]
+    cfg, sft_run, version = small_preset.main(data_argv)
+    stop = PHASES.index(args.through)
+    if stop == 0:
+        return
+    runs_root = Path(cfg.paths.runs_root)
+    snapshot = sft_run.name
+    handoffs: dict[str, Path] = {"sft": pick_teacher(cfg, sft_run, args.smoke)}
+    print(json.dumps({"phase": "pick", "teacher": str(handoffs["sft"])}), flush=True)
+
+    for stage in STAGES[1:]:
+        if PHASES.index(stage.name) > stop:
+            return
+        sec = _stage_section(stage.name, args.smoke, steps)
+        sec["data"] = {**sec.get("data", {}), "manifest_version": version}
+        for field, up in (("model", stage.init_from), ("real", stage.real_from)):
+            if up is not None:
+                sec[field] = _handoff_model(handoffs[up.stage], up.export)
+        scfg = with_stage(cfg, stage.name, "small", sec)
+        run_dir = runs_root / stage.name / snapshot
+        t0 = time.perf_counter()
+        launch(
+            "gc25d_core.jobs.train", scfg, run_dir, cfg.distributed.nproc_per_node, ["--stage", stage.name]
+        )
+        phase(stage.name, t0, run_dir=str(run_dir))
+        print(learning_signal_report(run_dir) or f"{run_dir}: no validation records", flush=True)
+        handoffs[stage.name] = run_dir / stage.handoff
+
+    # the deploy file of the last stage that feeds deploy, its EMA export where it has one
+    last = next(s for s in reversed(STAGES) if s.feeds_deploy)
+    h = read_handoff(handoffs[last.name], runs_root)
+    source, sha = (h.ema_export, h.ema_sha256) if h.ema_export is not None else (h.export, h.sha256)
+    deploy_run = runs_root / "deploy_export" / snapshot
+    t0 = time.perf_counter()
+    launch(
+        "gc25d_core.jobs.deploy_export",
+        cfg,
+        deploy_run,
+        1,
+        ["--source", str(source), "--sha256", str(sha), "--out", str(deploy_run / "deploy.safetensors")]
+        + ["--summary", str(deploy_run / "deploy.json"), "--label", f"{last.name} step {h.step}"],
+    )
+    phase("deploy", t0, run_dir=str(deploy_run))
+    if stop < PHASES.index("eval"):
+        return
+
+    from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_handoff, write_model
+
+    exports = [
+        e for s in STAGES if s.evaluated for e in exports_of_handoff(s.name, handoffs[s.name], runs_root)
+    ]
+    exports += exports_of_handoff("deploy", deploy_run / "final.json", runs_root)
+    eval_run = runs_root / "eval" / snapshot
+    eval_run.mkdir(parents=True, exist_ok=True)
+    chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)
+    ecfg = EvalConfig(**{"teacher_window": cfg.timeline.num_cells, **chosen})
+    write_model(eval_run, INPUT_FILE, EvalInput(manifest_version=version, eval=ecfg, exports=exports))
+    t0 = time.perf_counter()
+    launch("gc25d_core.jobs.eval", cfg, eval_run, cfg.distributed.nproc_per_node)
+    phase("eval", t0, run_dir=str(eval_run))
+    for report in sorted(eval_run.glob("*.md")):
+        print(report.read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
