@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from gc25d_core.compat import import_diffsynth
+from gc25d_core.deploy.world import varied_blocks
 
 LEVERS = (
     "exact",
@@ -96,26 +97,6 @@ CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
 # cell's first forward under the graphs, and the CLI's path with the page's side-stream decode on
 LOOP_LEVERS = ("exact", "graphs_all_defer", "graphs_all_fold", "graphs_all", "graphs_all_defer_stream")
 BUDGET_S = 0.25  # one cell = 4 frames at 16 fps
-
-
-def varied_blocks(n: int, seed: int = 0) -> list[np.ndarray]:
-    """A player's action stream: random blocks (moves, runs, attacks, dodges, stances), each held
-    1-6 cells."""
-    rng = np.random.default_rng(seed)
-    out: list[np.ndarray] = []
-    while len(out) < n:
-        block = np.array(
-            [
-                rng.integers(0, 9),
-                rng.integers(0, 2),
-                rng.integers(0, 3),
-                rng.integers(0, 2),
-                rng.integers(0, 3),
-            ],
-            np.uint8,
-        )
-        out += [block] * int(rng.integers(1, 7))
-    return out[:n]
 
 
 def tail_stats(xs: list[float]) -> dict[str, float] | None:
@@ -217,6 +198,19 @@ def stats(xs: list[float]) -> dict[str, float] | None:
         "min": s[0],
         "n": len(s),
     }
+
+
+def runtime_counters(rt: Any) -> dict[str, Any]:
+    """What a runtime reports of its graphs (replays, why they turned off) and its notes."""
+    out: dict[str, Any] = {"decode_graph_replays": rt.decoder.replays}
+    if rt.graphed is not None:
+        out["graph_replays"] = rt.graphed.replays
+        out["graphs_disabled"] = rt.graphed.disabled
+    if rt.decoder.graph_disabled:
+        out["decode_graph_disabled"] = rt.decoder.graph_disabled
+    if rt.notes:
+        out["notes"] = rt.notes
+    return out
 
 
 class Bench:
@@ -387,14 +381,7 @@ class Bench:
             denoise_only.append(time.perf_counter() - t0)
             latents.append(o.latent.float().cpu())
             cell += 1
-        if rt.graphed is not None:
-            out["graph_replays"] = rt.graphed.replays
-            out["graphs_disabled"] = rt.graphed.disabled
-        out["decode_graph_replays"] = rt.decoder.replays
-        if rt.decoder.graph_disabled:
-            out["decode_graph_disabled"] = rt.decoder.graph_disabled
-        if rt.notes:
-            out["notes"] = rt.notes
+        out.update(runtime_counters(rt))
         out["cells_measured"] = len(e2e)
         out["e2e_s_per_cell"] = stats(e2e)
         out["denoise_only_s_per_cell"] = stats(denoise_only)
@@ -493,14 +480,7 @@ class Bench:
         rt.flush()
         rt.timing = False
         out["parts_s"] = {k: tail_stats(v) for k, v in parts.items()}
-        if rt.graphed is not None:
-            out["graph_replays"] = rt.graphed.replays
-            out["graphs_disabled"] = rt.graphed.disabled
-        out["decode_graph_replays"] = rt.decoder.replays
-        if rt.decoder.graph_disabled:
-            out["decode_graph_disabled"] = rt.decoder.graph_disabled
-        if rt.notes:
-            out["notes"] = rt.notes
+        out.update(runtime_counters(rt))
         if name == a.reference:
             self.exact, self.exact_frames = latents, kept
         elif self.exact:
@@ -972,20 +952,7 @@ def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:
     if args.mode == "loop":
         return run_loop(args, chosen, bench, result, t0)
     for name in chosen:
-        try:
-            result["levers"][name] = bench.run_lever(name)
-        except Exception as e:  # a failing lever records its error; the run goes on
-            result["levers"][name] = {
-                "error": f"{type(e).__name__}: {e}",
-                "trace": traceback.format_exc()[-2000:],
-            }
-            reset_model(bench.model)
-            if bench.cuda:
-                torch.cuda.empty_cache()
-        if args.out is not None:  # partial results survive a run stopped at its time limit
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
-        lever = result["levers"][name]
+        lever = run_one(args, bench, result, name, bench.run_lever)
         e2e = (lever.get("e2e_s_per_cell") or {}).get("median")
         print(f"[bench] {name}: e2e {e2e} s/cell, error {lever.get('error')}", file=sys.stderr, flush=True)
     if args.decode_error_cells and bench.exact:
@@ -1032,6 +999,28 @@ def serve_levers(args: argparse.Namespace, bench: Bench, result: dict[str, Any])
             args.out.with_suffix(".partial.json").write_text(json.dumps(result))
 
 
+def run_one(
+    args: argparse.Namespace, bench: Any, result: dict[str, Any], name: str, run: Any
+) -> dict[str, Any]:
+    """One lever into ``result["levers"]``: a failing lever records its error and the run goes on
+    (the model reset); partial results are written after each, so they survive a run stopped at its
+    time limit."""
+    try:
+        result["levers"][name] = run(name)
+    except Exception as e:
+        result["levers"][name] = {
+            "error": f"{type(e).__name__}: {e}",
+            "trace": traceback.format_exc()[-2000:],
+        }
+        reset_model(bench.model)
+        if bench.cuda:
+            torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".partial.json").write_text(json.dumps(result))
+    return result["levers"][name]
+
+
 def run_loop(
     args: argparse.Namespace, chosen: list[str], bench: Bench, result: dict[str, Any], t0: float
 ) -> dict[str, Any]:
@@ -1045,20 +1034,7 @@ def run_loop(
     if args.events:  # action-to-photon through the play server, before the levers (one model)
         serve_levers(args, bench, result)
     for name in chosen:
-        try:
-            result["levers"][name] = bench.run_loop(name)
-        except Exception as e:  # a failing lever records its error; the run goes on
-            result["levers"][name] = {
-                "error": f"{type(e).__name__}: {e}",
-                "trace": traceback.format_exc()[-2000:],
-            }
-            reset_model(bench.model)
-            if bench.cuda:
-                torch.cuda.empty_cache()
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.with_suffix(".partial.json").write_text(json.dumps(result))
-        lever = result["levers"][name]
+        lever = run_one(args, bench, result, name, bench.run_loop)
         cs = lever.get("cell_s") or {}
         print(
             f"[bench] {name}: p50 {cs.get('p50')} max {cs.get('max')} s/cell, error {lever.get('error')}",

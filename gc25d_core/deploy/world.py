@@ -324,3 +324,23 @@ def reference_ids(
             memory.mark(cells)
         out.append(np.stack(masked))
     return out
+
+
+def varied_blocks(n: int, seed: int = 0) -> list[np.ndarray]:
+    """A player's random action stream for benchmarks and tests: blocks of moves, turns, runs,
+    attacks, dodges and stances, each held 1-6 cells (seeded)."""
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    while len(out) < n:
+        block = np.array(
+            [
+                rng.integers(0, 9),
+                rng.integers(0, 2),
+                rng.integers(0, 3),
+                rng.integers(0, 2),
+                rng.integers(0, 3),
+            ],
+            np.uint8,
+        )
+        out += [block] * int(rng.integers(1, 7))
+    return out[:n]

@@ -12,30 +12,11 @@ import torch
 
 from gc25d_core.codeworld.presets import FULL_GEOMETRY, TINY_GEOMETRY
 from gc25d_core.config import GeometryConfig
-from gc25d_core.deploy.world import LiveWorld, WorldConfig, reference_ids
+from gc25d_core.deploy.world import LiveWorld, WorldConfig, reference_ids, varied_blocks
 from gc25d_core.vocab import CHARACTER_IDS, UNKNOWN, check_ids
 
 # a reduced frame (64×32 destination) keeps a 240-cell reference run within a CI minute
 REDUCED = GeometryConfig(src_width=100, src_height=48, crop_x0=3, crop_x1=97, dst_width=64, dst_height=32)
-
-
-def varied_blocks(n: int, seed: int = 0) -> list[np.ndarray]:
-    """Random action blocks, each held 1-6 cells (walks, turns, runs, attacks, dodges, stances)."""
-    rng = np.random.default_rng(seed)
-    out: list[np.ndarray] = []
-    while len(out) < n:
-        block = np.array(
-            [
-                rng.integers(0, 9),
-                rng.integers(0, 2),
-                rng.integers(0, 3),
-                rng.integers(0, 2),
-                rng.integers(0, 3),
-            ],
-            np.uint8,
-        )
-        out += [block] * int(rng.integers(1, 7))
-    return out[:n]
 
 
 def as_np(x: np.ndarray | torch.Tensor) -> np.ndarray:
