@@ -11,6 +11,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -91,21 +92,21 @@ def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, reque
         assert src.startswith("data:image/jpeg;base64,")
         assert by_id("ids").get_attribute("src").startswith("data:image/png;base64,")
         assert by_id("key").text == "idle"  # nothing held
-        frames = set()
-        for _ in range(8):  # the picture keeps moving at 16 fps
-            frames.add(by_id("rgb").get_attribute("src"))
-            time.sleep(0.07)
-        assert len(frames) >= 3
+        frames: set[str] = set()
+
+        def seen(into: set[str], n: int, minus: Collection[str] = ()) -> bool:
+            into.add(by_id("rgb").get_attribute("src"))
+            return len(into.difference(minus)) >= n
+
+        # the picture keeps moving (16 fps when the machine keeps up; a loaded CI core is slower)
+        _wait(lambda: seen(frames, 3), timeout=20, what="three different frames")
 
         answered = int(by_id("photon_n").text)  # the page's own first event (keys: none)
         ActionChains(browser).key_down("d").perform()
         _wait(lambda: by_id("key").text == "walk_right", what="the held key to reach the world")
         cell = int(by_id("cell").text)
-        shown = set()
-        for _ in range(12):  # frames follow the key: the picture under it moves on
-            shown.add(by_id("rgb").get_attribute("src"))
-            time.sleep(0.07)
-        assert len(shown - frames) >= 3
+        shown: set[str] = set()  # frames follow the key: the picture under it moves on
+        _wait(lambda: seen(shown, 3, frames), timeout=20, what="three new frames under the key")
         _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells under the held key")
         _wait(lambda: int(by_id("photon_n").text) > answered, what="the key's tagged frame on screen")
         last, p50 = float(by_id("photon").text), float(by_id("photon_p50").text)
