@@ -120,6 +120,32 @@ def fit_vae(clips: list[np.ndarray], steps: int, dim: int, cfg: Any, seed: int =
         vf.build_vae = build
 
 
+def screenshot_panels(path: Path, width: int = 128, height: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(RGB uint8 [1, H, W, 3], raw ids uint8 [1, H, W]) read off a play-page screenshot whose two
+    panels, picture | ids, sit side by side at the top left on a flat background (the page of
+    docs/images/deploy_play_tiny_chromium.png): the picture area-resized back to the model's size,
+    the ids sampled at pixel centres and mapped to the nearest colour of the ids palette."""
+    import cv2
+
+    from gc25d_core.preview import colorize_ids
+    from gc25d_core.vocab import valid_raw_ids
+
+    img = cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    bg = img[-1, -1].astype(int)
+    rows = np.flatnonzero((np.abs(img.astype(int) - bg).sum(-1) > 0).any(1))
+    cols = np.flatnonzero((np.abs(img.astype(int) - bg).sum(-1) > 0).any(0))
+    y1, x1 = rows.max() + 1, cols.max() + 1
+    pw = x1 // 2
+    pic = cv2.resize(np.ascontiguousarray(img[:y1, :pw]), (width, height), interpolation=cv2.INTER_AREA)
+    ys = ((np.arange(height) + 0.5) * y1 / height).astype(int)
+    xs = pw + ((np.arange(width) + 0.5) * pw / width).astype(int)
+    ids_rgb = img[ys][:, xs].astype(int)  # [H, W, 3]
+    raw = np.array(valid_raw_ids("parts"), np.uint8)
+    pal = colorize_ids(raw).astype(int)  # [K, 3]
+    nearest = np.abs(ids_rgb[:, :, None, :] - pal[None, None]).sum(-1).argmin(-1)
+    return pic[None], raw[nearest][None]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--raw", type=Path, required=True)
@@ -128,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument("--frames", type=int, default=17)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--screenshot", type=Path, action="append", default=[], help="a play-page PNG to score")
     args = ap.parse_args(argv)
 
     import torch
@@ -156,16 +183,23 @@ def main(argv: list[str] | None = None) -> None:
             {"probe": {k: rec[k] for k in ("fitted", "train_miou", "frames")}, "s": time.perf_counter() - t0}
         )
     )
+    for shot in args.screenshot:  # the students' frames as make play showed them
+        pic, sids = screenshot_panels(shot)
+        r = {"row": f"screenshot {shot.name}", **ids_vocab_scores(probe, pic, sids), "psnr_db": math.nan}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     truth, ids = held_out(cfg, args.frames)
     row("truth (probe's own accuracy)", truth, truth, ids)
+    torch.manual_seed(0)  # the random VAE of the row below: the same one every run
     row("tiny VAE, random (no fit)", recon(build_vae(tiny=True), truth), truth, ids)
-    train = train_clips(cfg)
+    fits = [f for f in args.fits.split(",") if f.strip()]
+    train = train_clips(cfg) if fits else []
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
-    for spec in args.fits.split(","):
+    for spec in fits:
         steps, dim = (int(v) for v in spec.split("@"))
         vae, fit_s = fit_vae(train, steps, dim, cfg)
         row(f"tiny VAE fit {steps} steps, dim {dim}", recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
-        if spec == args.fits.split(",")[0]:
+        if spec == fits[0]:
             for m in degrade:
                 row(f"  latents at MSE {m} (fit {spec})", recon(vae, truth, m), truth, ids)
     print(
@@ -173,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ps = "∞" if math.isinf(r["psnr_db"]) else f"{r['psnr_db']:.1f}"
+        ps = "∞" if math.isinf(r["psnr_db"]) else "–" if math.isnan(r["psnr_db"]) else f"{r['psnr_db']:.1f}"
         print(
             f"| {r['row']} | {r['miou']:.3f} | {r['miou_parts']:.3f} | {r['player_iou']:.3f} | "
             f"{r['player_parts_miou']:.3f} | {r['pixel_acc']:.3f} | {ps} | {r.get('fit_s', '')} |"
