@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=17)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--screenshot", type=Path, action="append", default=[], help="a play-page PNG to score")
+    ap.add_argument("--sheet-dir", type=Path, default=None, help="write probe_<screenshot>.png there")
     args = ap.parse_args(argv)
 
     import torch
@@ -185,6 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     for shot in args.screenshot:  # the students' frames as make play showed them
         pic, sids = screenshot_panels(shot)
+        if args.sheet_dir is not None:  # picture | ids | the probe's reading of the picture
+            from gc25d_core.atomic import atomic_write_bytes
+            from gc25d_core.preview import colorize_ids, png_bytes, side_by_side
+
+            panels = [pic, colorize_ids(sids), colorize_ids(probe.predict(pic))]
+            img = side_by_side(panels, ["picture", "ids", "probe"], scale=3)[0]
+            atomic_write_bytes(args.sheet_dir / f"probe_{shot.stem}.png", png_bytes(img))
         r = {"row": f"screenshot {shot.name}", **ids_vocab_scores(probe, pic, sids), "psnr_db": math.nan}
         rows.append(r)
         print(json.dumps(r), flush=True)
