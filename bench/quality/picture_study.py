@@ -130,7 +130,10 @@ def screenshot_panels(path: Path, width: int = 128, height: int = 64) -> tuple[n
     from gc25d_core.preview import colorize_ids
     from gc25d_core.vocab import valid_raw_ids
 
-    img = cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"screenshot {path} cannot be read (missing or not an image)")
+    img = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     bg = img[-1, -1].astype(int)
     rows = np.flatnonzero((np.abs(img.astype(int) - bg).sum(-1) > 0).any(1))
     cols = np.flatnonzero((np.abs(img.astype(int) - bg).sum(-1) > 0).any(0))
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def row(name: str, frames: list[np.ndarray], truth: list[np.ndarray], ids: list[np.ndarray], **extra):
         f, t, i = np.concatenate(frames), np.concatenate(truth), np.concatenate(ids)
-        r = {"row": name, **ids_vocab_scores(probe, f, i), "psnr_db": psnr(f, t), **extra}
+        r: dict[str, Any] = {"row": name, **ids_vocab_scores(probe, f, i), "psnr_db": psnr(f, t), **extra}
         rows.append(r)
         print(json.dumps(r), flush=True)
 
@@ -193,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
             panels = [pic, colorize_ids(sids), colorize_ids(probe.predict(pic))]
             img = side_by_side(panels, ["picture", "ids", "probe"], scale=3)[0]
             atomic_write_bytes(args.sheet_dir / f"probe_{shot.stem}.png", png_bytes(img))
-        r = {"row": f"screenshot {shot.name}", **ids_vocab_scores(probe, pic, sids), "psnr_db": math.nan}
+        r: dict[str, Any] = {"row": f"screenshot {shot.name}", **ids_vocab_scores(probe, pic, sids)}
+        r["psnr_db"] = math.nan
         rows.append(r)
         print(json.dumps(r), flush=True)
     truth, ids = held_out(cfg, args.frames)
