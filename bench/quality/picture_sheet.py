@@ -1,0 +1,132 @@
+"""The play page's picture as a PNG: what a player sees beside the truth and the ids (issue 35, item 5).
+
+Columns, one row per picked moment (upscaled ×``--scale``, nearest, labelled):
+
+    truth (the code world's RGB) | picture | ids (the condition) | probe (the picture read back)
+
+``--export PATH``: the picture is a live session's frame (gc25d_core.deploy.session, the same code
+``make play`` serves) under a scripted walk (forward, a turn, a run, an attack), on the preset's
+VAE (``--preset``; ``--data-root`` where its fitted tiny VAE is); the ids are the condition the model
+was given. Without ``--export``: the picture is the tiny VAE's reconstruction of the truth
+(``--vae`` + ``--sha256``, or a fit of ``--fit-steps`` on the code world's train split): the
+ceiling any model decoded by that VAE can show. The ids probe's scores of the picture are printed
+as JSON and written beside the PNG (``.json``).
+
+Usage:
+  python -m bench.quality.picture_sheet --raw /tmp/picture/raw --work /tmp/picture/study \
+      --out docs/images/picture_tiny_ceiling.png [--fit-steps 160]
+  python -m bench.quality.picture_sheet --raw RAW --work WORK --export outputs/tiny/.../export.safetensors \
+      --data-root data/tiny/gc25d --out docs/images/play_tiny.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# the scripted walk: (cells, block), a block being (move, run, attack, dodge, stance) as
+# gc25d_core.text.FIELD_RANGES reads it: walk forward, forward-left, run forward, a light attack
+SCRIPT: tuple[tuple[int, tuple[int, ...]], ...] = (
+    (6, (1, 0, 0, 0, 0)),
+    (4, (5, 0, 0, 0, 0)),
+    (4, (1, 1, 0, 0, 0)),
+    (2, (0, 0, 1, 0, 0)),
+)
+
+
+def sheet(
+    truth: np.ndarray, picture: np.ndarray, ids: np.ndarray, read: np.ndarray, scale: int
+) -> np.ndarray:
+    """Rows of truth | picture | ids | read-back (all [N, H, W, ...] uint8) as one RGB image."""
+    from gc25d_core.preview import colorize_ids, side_by_side
+
+    panels = [truth, picture, colorize_ids(ids), colorize_ids(read)]
+    rows = side_by_side(panels, ["truth", "picture", "ids", "probe"], scale=scale)  # [N, h, 4w, 3]
+    gap = np.full((rows.shape[0], 2, rows.shape[2], 3), 255, np.uint8)
+    return np.concatenate(list(np.concatenate([rows, gap], axis=1)), axis=0)
+
+
+def session_frames(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(truth, picture, ids) at the last frame of every cell of the scripted walk."""
+    from gc25d_core.config import load_config
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+    from gc25d_core.deploy.world import WorldConfig
+
+    cfg = load_config(args.preset, {"paths": {"data_root": str(args.data_root)}})
+    session = open_session(
+        args.export, cfg, world=WorldConfig(renderer="numpy"), options=RuntimeOptions(seed=0), device="cpu"
+    )
+    frames = list(session.start())
+    truth, ids, at = [], [], []
+    for cells, block in SCRIPT:
+        for _ in range(cells):
+            out = session.step(np.asarray(block, np.uint8))
+            frames.extend(out.out.frames)
+            state = session.world.last_state
+            assert state is not None
+            truth.append(session.world.render_rgb(state))
+            ids.append(np.asarray(out.ids)[-1])
+            at.append(4 * out.cell)  # the cell's last frame in the decoded video
+    keep = [i for i, f in enumerate(at) if f < len(frames)]  # a decode still pending is left out
+    pics = np.stack([frames[at[i]] for i in keep])
+    return np.stack([truth[i] for i in keep]), pics, np.stack([ids[i] for i in keep])
+
+
+def ceiling_frames(args: argparse.Namespace, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(truth, the tiny VAE's reconstruction, ids) of the val clips' first 17 frames."""
+    from bench.quality.picture_study import fit_vae, held_out, recon, train_clips
+    from gc25d_core.models.vae_fit import load_tiny_vae
+
+    truth, ids = held_out(cfg, 17)
+    if args.vae is not None:
+        vae = load_tiny_vae(args.vae, expected_sha256=args.sha256)
+    else:
+        vae, _ = fit_vae(train_clips(cfg), args.fit_steps, 16, cfg)
+    return np.concatenate(truth), np.concatenate(recon(vae, truth)), np.concatenate(ids)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--raw", type=Path, required=True, help="the code world's tiny preset (the probe's data)")
+    ap.add_argument("--work", type=Path, required=True, help="where the probe's fit is kept")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--export", type=Path, default=None)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--data-root", type=Path, default=None)
+    ap.add_argument("--vae", type=Path, default=None)
+    ap.add_argument("--sha256", default=None)
+    ap.add_argument("--fit-steps", type=int, default=160)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--scale", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
+    from gc25d_core.config import load_config
+    from gc25d_core.eval.ids_probe import ensure_probe, scores_from_ids
+    from gc25d_core.preview import png_bytes
+
+    torch.set_num_threads(2)
+    cfg = load_config("tiny", {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
+    probe, _ = ensure_probe(cfg)
+    truth, picture, ids = session_frames(args) if args.export is not None else ceiling_frames(args, cfg)
+    read = probe.predict(picture)
+    scores = {k: v for k, v in scores_from_ids(read, ids).items() if k != "per_class"}
+    scores["truth"] = {
+        k: v for k, v in scores_from_ids(probe.predict(truth), ids).items() if k != "per_class"
+    }
+    picks = np.linspace(0, len(ids) - 1, args.rows).round().astype(int)
+    img = sheet(truth[picks], picture[picks], ids[picks], read[picks], args.scale)
+    atomic_write_bytes(args.out, png_bytes(img))
+    atomic_write_text(args.out.with_suffix(".json"), json.dumps(scores, indent=1))
+    print(json.dumps({"png": str(args.out), **scores}))
+
+
+if __name__ == "__main__":
+    main()

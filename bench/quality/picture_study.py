@@ -1,0 +1,230 @@
+"""What makes the embedded default's picture recognisable? (issue 35, item 5)
+
+Everything the students decode passes through the tiny VAE, so what the VAE's reconstruction of the
+true frames shows is the ceiling of any model's picture. This study reads frames back into ids with
+the ids probe (gc25d_core/eval/ids_probe.py) and reports, on the held-out (val) runs' frames:
+
+* the probe on the true frames (how well it reads the code world at all);
+* the tiny VAE's reconstruction, for a random VAE and fits of growing length / width (``--fits``:
+  ``STEPS@DIM`` each; the preset's fit is 160@16), with PSNR and seconds per fit;
+* latents degraded as an MMSE predictor with a given error would degrade them (``--latent-mse``):
+  per channel, z' = mean + (z - mean + σ·std·ε) / (1 + σ²), with σ² = m / (1 - m), so that the
+  standardised latent error is m and the picture is the blur-plus-noise of a model of that error.
+  The students' EMA latent MSE on the embedded default is about 0.91 (docs/learning_signal.md).
+
+Prints one JSON line per row and a markdown table at the end (docs/picture_study.md).
+
+Usage: python -m bench.quality.picture_study --raw /tmp/picture/raw --work /tmp/picture/study \
+    [--fits 160@16,480@16,160@32] [--latent-mse 0,0.25,0.5,0.75,0.9] [--frames 17] [--threads 2]
+``--raw``: the code world's tiny preset (generated there when missing: about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def ids_vocab_scores(probe: Any, frames: np.ndarray, ids: np.ndarray) -> dict[str, float]:
+    from gc25d_core.eval.ids_probe import score_frames
+
+    s = score_frames(frames, ids, probe)
+    return {k: s[k] for k in ("miou", "miou_parts", "player_iou", "player_parts_miou", "pixel_acc")}
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 10 * math.log10(255.0**2 / mse) if mse > 0 else math.inf
+
+
+def held_out(cfg: Any, frames: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every val clip's first ``frames`` frames (RGB) and their conditioning ids."""
+    from gc25d_core.geometry import resample_rgb
+    from gc25d_core.index import split_of_runs
+    from gc25d_core.preprocess.clips import cond_frame
+    from gc25d_core.raw_frames import read_rgb
+    from gc25d_core.raw_layout import RawSource
+
+    raw = RawSource(Path(cfg.raw.root))
+    splits = split_of_runs([r.run for r in raw.runs()], cfg.index)
+    rgb, ids = [], []
+    for c in raw.clips:
+        if splits[c.run] != "val":
+            continue
+        run = raw.run(c.subset, c.scene, c.run)
+        fr = range(c.start, c.start + frames)
+        rgb.append(np.stack([resample_rgb(read_rgb(run, f), cfg.geometry) for f in fr]))
+        ids.append(np.stack([cond_frame(run, f, cfg) for f in fr]))
+    return rgb, ids
+
+
+def train_clips(cfg: Any) -> list[np.ndarray]:
+    """The train split's clips as the tiny_vae job reads them (81 frames each)."""
+    from gc25d_core.index import split_of_runs
+    from gc25d_core.preprocess.latents import load_clip_frames
+    from gc25d_core.raw_layout import RawSource
+
+    raw = RawSource(Path(cfg.raw.root))
+    splits = split_of_runs([r.run for r in raw.runs()], cfg.index)
+    return [
+        load_clip_frames(raw.run(c.subset, c.scene, c.run), c.start, cfg)
+        for c in raw.clips
+        if splits[c.run] == "train"
+    ]
+
+
+def recon(vae: Any, clips: list[np.ndarray], latent_mse: float = 0.0, seed: int = 0) -> list[np.ndarray]:
+    """decode(encode(clip)) as uint8 frames, the latents degraded to standardised error
+    ``latent_mse`` first (see the module's docstring)."""
+    import torch
+
+    from gc25d_core.models.vae import decode_frames, encode_frames
+
+    zs = [encode_frames(vae, c) for c in clips]  # [48, T, h, w] each
+    if latent_mse > 0:
+        allz = torch.cat([z.flatten(1) for z in zs], 1)
+        mean, std = allz.mean(1), allz.std(1)
+        s2 = latent_mse / (1 - latent_mse)
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for z in zs:
+            m, sd = mean.view(-1, 1, 1, 1), std.view(-1, 1, 1, 1)
+            eps = torch.randn(z.shape, generator=g)
+            out.append(m + (z - m + math.sqrt(s2) * sd * eps) / (1 + s2))
+        zs = out
+    return [decode_frames(vae, z) for z in zs]
+
+
+def fit_vae(clips: list[np.ndarray], steps: int, dim: int, cfg: Any, seed: int = 0) -> tuple[Any, float]:
+    """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), the
+    inner model of width ``dim`` (the preset: 16)."""
+    import gc25d_core.models.vae_fit as vf
+    from gc25d_core.models.vae import TinyWanVideoVAE38
+
+    f = cfg.vae.fit
+    build = vf.build_vae
+    vf.build_vae = lambda tiny=True, device="cpu": TinyWanVideoVAE38(dim=dim, dec_dim=dim).eval()
+    try:
+        t0 = time.perf_counter()
+        vae, _ = vf.fit_tiny_vae(
+            clips, steps=steps, batch=f.batch, frames=f.frames, lr=f.lr, seed=seed, crop=f.crop, norm_frames=9
+        )
+        return vae, time.perf_counter() - t0
+    finally:
+        vf.build_vae = build
+
+
+def screenshot_panels(path: Path, width: int = 128, height: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(RGB uint8 [1, H, W, 3], raw ids uint8 [1, H, W]) read off a play-page screenshot whose two
+    panels, picture | ids, sit side by side at the top left on a flat background (the page of
+    docs/images/deploy_play_tiny_chromium.png): the picture area-resized back to the model's size,
+    the ids sampled at pixel centres and mapped to the nearest colour of the ids palette."""
+    import cv2
+
+    from gc25d_core.preview import colorize_ids
+    from gc25d_core.vocab import valid_raw_ids
+
+    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"screenshot {path} cannot be read (missing or not an image)")
+    img = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    bg = img[-1, -1].astype(int)
+    rows = np.flatnonzero((np.abs(img.astype(int) - bg).sum(-1) > 0).any(1))
+    cols = np.flatnonzero((np.abs(img.astype(int) - bg).sum(-1) > 0).any(0))
+    y1, x1 = rows.max() + 1, cols.max() + 1
+    pw = x1 // 2
+    pic = cv2.resize(np.ascontiguousarray(img[:y1, :pw]), (width, height), interpolation=cv2.INTER_AREA)
+    ys = ((np.arange(height) + 0.5) * y1 / height).astype(int)
+    xs = pw + ((np.arange(width) + 0.5) * pw / width).astype(int)
+    ids_rgb = img[ys][:, xs].astype(int)  # [H, W, 3]
+    raw = np.array(valid_raw_ids("parts"), np.uint8)
+    pal = colorize_ids(raw).astype(int)  # [K, 3]
+    nearest = np.abs(ids_rgb[:, :, None, :] - pal[None, None]).sum(-1).argmin(-1)
+    return pic[None], raw[nearest][None]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--raw", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--fits", default="160@16,480@16")
+    ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
+    ap.add_argument("--frames", type=int, default=17)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--screenshot", type=Path, action="append", default=[], help="a play-page PNG to score")
+    ap.add_argument("--sheet-dir", type=Path, default=None, help="write probe_<screenshot>.png there")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from gc25d_core.codeworld import generate
+    from gc25d_core.config import load_config
+    from gc25d_core.eval.ids_probe import ensure_probe
+    from gc25d_core.models.vae import build_vae
+
+    torch.set_num_threads(args.threads)
+    if not (args.raw / "codeworld.json").is_file():
+        generate(args.raw, "tiny", seed=0)
+    cfg = load_config("tiny", {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, frames: list[np.ndarray], truth: list[np.ndarray], ids: list[np.ndarray], **extra):
+        f, t, i = np.concatenate(frames), np.concatenate(truth), np.concatenate(ids)
+        r: dict[str, Any] = {"row": name, **ids_vocab_scores(probe, f, i), "psnr_db": psnr(f, t), **extra}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    t0 = time.perf_counter()
+    probe, rec = ensure_probe(cfg)
+    print(
+        json.dumps(
+            {"probe": {k: rec[k] for k in ("fitted", "train_miou", "frames")}, "s": time.perf_counter() - t0}
+        )
+    )
+    for shot in args.screenshot:  # the students' frames as make play showed them
+        pic, sids = screenshot_panels(shot)
+        if args.sheet_dir is not None:  # picture | ids | the probe's reading of the picture
+            from gc25d_core.atomic import atomic_write_bytes
+            from gc25d_core.preview import colorize_ids, png_bytes, side_by_side
+
+            panels = [pic, colorize_ids(sids), colorize_ids(probe.predict(pic))]
+            img = side_by_side(panels, ["picture", "ids", "probe"], scale=3)[0]
+            atomic_write_bytes(args.sheet_dir / f"probe_{shot.stem}.png", png_bytes(img))
+        r: dict[str, Any] = {"row": f"screenshot {shot.name}", **ids_vocab_scores(probe, pic, sids)}
+        r["psnr_db"] = math.nan
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    truth, ids = held_out(cfg, args.frames)
+    row("truth (probe's own accuracy)", truth, truth, ids)
+    torch.manual_seed(0)  # the random VAE of the row below: the same one every run
+    row("tiny VAE, random (no fit)", recon(build_vae(tiny=True), truth), truth, ids)
+    fits = [f for f in args.fits.split(",") if f.strip()]
+    train = train_clips(cfg) if fits else []
+    degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
+    for spec in fits:
+        steps, dim = (int(v) for v in spec.split("@"))
+        vae, fit_s = fit_vae(train, steps, dim, cfg)
+        row(f"tiny VAE fit {steps} steps, dim {dim}", recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
+        if spec == fits[0]:
+            for m in degrade:
+                row(f"  latents at MSE {m} (fit {spec})", recon(vae, truth, m), truth, ids)
+    print(
+        "\n| frames | ids mIoU | parts mIoU | player IoU | player parts mIoU | pixel acc | PSNR dB | fit s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ps = "∞" if math.isinf(r["psnr_db"]) else "–" if math.isnan(r["psnr_db"]) else f"{r['psnr_db']:.1f}"
+        print(
+            f"| {r['row']} | {r['miou']:.3f} | {r['miou_parts']:.3f} | {r['player_iou']:.3f} | "
+            f"{r['player_parts_miou']:.3f} | {r['pixel_acc']:.3f} | {ps} | {r.get('fit_s', '')} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
