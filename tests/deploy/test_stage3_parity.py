@@ -55,6 +55,8 @@ def test_deploy_rollout_equals_the_stage3_rollout(tiny_export, deploy_cfg, fold)
         rollout_causal=DEPLOY_CAUSAL,
         rollout_checkpoint=False,
         axis=tuple(meta.denoise_axis),
+        # the training module's path (the fast path's equality to it: tests/models/test_fast_rollout.py)
+        rollout_path="module",
     )
     gen = torch.Generator().manual_seed(7)
     seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(7)))
