@@ -340,19 +340,12 @@ def score_frames(frames_uint8: np.ndarray, ids: np.ndarray, probe: IdsProbe) -> 
 
 def save_probe(probe: IdsProbe, path: Path | str) -> str:
     """Atomic safetensors write of the net (the settings in the metadata); returns the SHA256."""
-    from safetensors.torch import save_file
-
-    from gc25d_core.atomic import atomic_path
     from gc25d_core.hashing import sha256_file
+    from gc25d_core.models.safetensors_file import save_safetensors
 
-    path = Path(path)
-    # one metadata key: safetensors writes a header's keys in hash-map order, so two keys would make
-    # the same weights two different files (and SHA256s)
     meta = {PROBE_FORMAT: json.dumps(probe.settings.__dict__, sort_keys=True)}
     tensors = {k: v.contiguous() for k, v in probe.net.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-    return sha256_file(path)
+    return sha256_file(save_safetensors(tensors, path, meta))
 
 
 def load_probe(path: Path | str, *, expected_sha256: str) -> IdsProbe:
