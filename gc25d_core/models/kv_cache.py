@@ -183,12 +183,17 @@ class KVCache:
         self._freqs = {"q": fold["freqs"][0], "kv": fold["freqs"][1]}
         self._fold = {}
 
+    def _check_commit(self, cell: int | None) -> int:
+        """The committed cell: a commit must follow a forward that gave every layer's K/V."""
+        if cell is None or len(self._pending) != self.num_layers:
+            raise RuntimeError(f"commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers")
+        return cell
+
     def end(self, commit: bool) -> None:
         """Finish the forward; a commit appends this cell's K/V and evicts for the next cell."""
         cell = self._cell
         if commit:
-            if cell is None or len(self._pending) != self.num_layers:
-                raise RuntimeError(f"commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers")
+            cell = self._check_commit(cell)
             for layer, (k, v) in sorted(self._pending.items()):
                 self.k[layer].append(k)
                 self.v[layer].append(v)
@@ -443,8 +448,7 @@ class StaticKVCache(KVCache):
         """Finish the forward; a commit keeps the cell's slot and evicts for the next cell."""
         cell = self._cell
         if commit:
-            if cell is None or len(self._pending) != self.num_layers:
-                raise RuntimeError(f"commit of cell {cell} saw {len(self._pending)}/{self.num_layers} layers")
+            cell = self._check_commit(cell)
             self.cells.append(cell)
             self._pending.clear()
             self.evict_for(cell + 1)
