@@ -57,16 +57,19 @@ class StepOut:
         return self.cond
 
 
-def host_copy(ids: np.ndarray | torch.Tensor) -> tuple[np.ndarray | torch.Tensor, Any]:
-    """Ids rendered on a GPU start their way to the host now, queued right behind their render:
-    a copy asked for later would queue behind the cell's work — and behind a deferred commit,
-    which would hold the cell's message back by that commit. (host tensor, its CUDA event)."""
+def host_copy(ids: np.ndarray | torch.Tensor, stream: Any = None) -> tuple[np.ndarray | torch.Tensor, Any]:
+    """Ids rendered on a GPU start their way to the host now, queued right behind their render on
+    ``stream`` (the world's; default the current one): a copy asked for later, or on the stream of
+    the cell's work, would queue behind that work — and behind a deferred commit, which would hold
+    the cell's message back by that commit. (host tensor, its CUDA event)."""
     if not isinstance(ids, torch.Tensor) or not ids.is_cuda:
         return ids, None
+    stream = stream if stream is not None else torch.cuda.current_stream(ids.device)
     host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-    host.copy_(ids, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(ids.device))
+    with torch.cuda.stream(stream):
+        host.copy_(ids, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
     return host, done
 
 
@@ -111,7 +114,7 @@ class LiveSession:
         if self.runtime.timing:  # the world's device work counted as the world's, not the denoise's
             self.runtime.sync()
         world_s = time.perf_counter() - t0
-        cond, ready = host_copy(ids4)
+        cond, ready = host_copy(ids4, self.world.stream)
         out = self.runtime.step(ids4, key, world_s=world_s)
         return StepOut(out.cell, block.astype(np.uint8), key, cond, out, ready)
 

@@ -22,6 +22,7 @@ The torch ids agree with the reference on ≥ 99.9 % of pixels (tests/deploy/tes
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Literal
 
@@ -107,7 +108,11 @@ class SeenMemory:
 class LiveWorld:
     """The live run. ``advance`` returns the cell's ids as a uint8 tensor on ``device`` (torch
     renderer) or a numpy array (numpy renderer); ``times`` holds the last cell's host seconds of the
-    dynamics (``sim``) and the ids (``render``: launch time only on a GPU, where it runs async)."""
+    dynamics (``sim``) and the ids (``render``: launch time only on a GPU, where it runs async).
+
+    On a GPU the ids render on the world's own ``stream``: the caller's stream still holds the
+    previous cell's deferred commit, and the render (its uploads included, which would wait for
+    that stream) runs beside it; the caller's stream waits for the ids before it reads them."""
 
     def __init__(
         self,
@@ -126,10 +131,15 @@ class LiveWorld:
         if cfg.renderer == "torch":
             self.torch = TorchWorldRenderer(geometry, device, dtype, cfg.seen_cell_cm)
             self.grid = SeenGrid(self.torch.n, self.torch.device)
+        dev = self.torch.device if self.torch is not None else None
+        self.stream = torch.cuda.Stream(dev) if dev is not None and dev.type == "cuda" else None
         self.frames = 0
         self.last_state: FrameState | None = None
         self.times: dict[str, float] = {"sim": 0.0, "render": 0.0}
         self._frame0: tuple[np.ndarray, Any, np.ndarray | None] | None = None  # ids, cells, rgb
+
+    def _on_stream(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def scene_of(self, look: LookSpan) -> StaticScene:
         if look.seed not in self._scenes:
@@ -193,7 +203,8 @@ class LiveWorld:
             return
         stepper = RunStepper(self.spec, self.scene_of)
         states = [stepper.frame(np.zeros(5, np.uint8)) for _ in range(FRAMES_PER_CELL)]
-        self.render_ids_torch(states)
+        with self._on_stream():
+            self.render_ids_torch(states)
         if self.torch.device.type == "cuda":
             torch.cuda.synchronize(self.torch.device)
 
@@ -231,6 +242,8 @@ class LiveWorld:
             assert isinstance(cells, torch.Tensor)
             self.grid = SeenGrid(self.torch.n, self.torch.device)
             self.grid.mark(cells)
+            if self.stream is not None:  # the world's stream reads the grid made here
+                self.stream.wait_stream(torch.cuda.current_stream(self.torch.device))
         else:
             assert isinstance(cells, np.ndarray)
             self.memory.mark(cells)
@@ -268,9 +281,14 @@ class LiveWorld:
         t0 = time.perf_counter()
         states = [self.stepper.frame(block) for _ in range(FRAMES_PER_CELL)]
         t1 = time.perf_counter()
-        ids, cells = self.render_ids_torch(states)
-        out = self.grid.mask(ids, cells)  # what earlier cells showed; this cell's view counts next
-        self.grid.mark(cells)
+        with self._on_stream():
+            ids, cells = self.render_ids_torch(states)
+            out = self.grid.mask(ids, cells)  # what earlier cells showed; this cell's view counts next
+            self.grid.mark(cells)
+        if self.stream is not None:
+            reader = torch.cuda.current_stream(out.device)
+            reader.wait_stream(self.stream)
+            out.record_stream(reader)  # made on the world's stream, read on the caller's
         self.frames += FRAMES_PER_CELL
         self.last_state = states[-1]
         self.times = {"sim": t1 - t0, "render": time.perf_counter() - t1}

@@ -144,3 +144,40 @@ def test_a_reset_replays_the_session_from_the_kept_frame_0(renderer):
     again = play(world, blocks)  # frame 0 reused, the seen memory and the dynamics start over
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert (first[1] == UNKNOWN).any()  # the memory was reset: the first cell masks unseen ground
+
+
+@pytest.mark.gpu
+def test_cuda_world_renders_beside_a_busy_caller_stream():
+    """The ids render on the world's own stream: with the caller's stream busy (as with a deferred
+    commit), a cell's ids are ready and copied to the host before the caller's work ends, and the
+    caller, reading them after its work, gets the same ids as an uncontended session."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from gc25d_core.deploy.session import host_copy
+
+    blocks = varied_blocks(12, seed=9)
+    calm = LiveWorld(WorldConfig(), TINY_GEOMETRY, device="cuda")
+    calm.warm_up()
+    want = play(calm, blocks)
+    world = LiveWorld(WorldConfig(), TINY_GEOMETRY, device="cuda")
+    assert world.stream is not None
+    world.warm_up()
+    _, ids0, _ = world.reset(with_rgb=False)
+    got, overlapped = [ids0], 0
+    a = torch.randn(4096, 4096, device="cuda")
+    for b in blocks:
+        busy = a
+        for _ in range(60):  # tens of ms of the caller's stream
+            busy = busy @ a
+            busy = busy / busy.norm()
+        done_busy = torch.cuda.Event()
+        done_busy.record()
+        ids, _ = world.advance(b)
+        host, ready = host_copy(ids, world.stream)
+        ready.synchronize()
+        overlapped += int(not done_busy.query())  # the ids reached the host while the caller worked
+        got.append(as_np(ids.clone()))  # read on the caller's stream, after its work
+        assert np.array_equal(host.numpy(), got[-1])
+    torch.cuda.synchronize()
+    assert all(np.array_equal(x, y) for x, y in zip(want, got, strict=True))
+    assert overlapped == len(blocks)
