@@ -38,7 +38,8 @@ first forward), defer (the commit run after the cell's decode, not waited for), 
 reduce-overhead), best (compile + fold + vae_bf16_stream), static (preallocated KV), graphs (CUDA
 graphs of the forwards), graphs_vae (graphs + bf16 lean decode: --cuda-graphs --fast-decode),
 graphs_all (that + the decode's CUDA graph), graphs_all_defer (that + the commit run after the
-decode, not waited for: the CLI's default on CUDA), graphs_all_fold (graphs_all with the commit
+decode, not waited for), graphs_all_cstream (graphs_all_defer with the commit on a second stream
+beside the decode: the CLI's default on CUDA), graphs_all_fold (graphs_all with the commit
 folded into the next cell's first forward, graphed per fill level), graphs_all_defer_stream
 (graphs_all_defer + the side-stream decode: the page's switch on), graphs_vae_stream (graphs_vae, decode on the side stream), ... A lever
 that fails
@@ -84,6 +85,7 @@ LEVERS = (
     "graphs_all_stream",
     "graphs_all_defer",
     "graphs_all_defer_stream",
+    "graphs_all_cstream",
     "graphs_all_fold",
     "graphs_compile",
     "graphs_all_fp8",
@@ -92,10 +94,18 @@ LEVERS = (
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
 CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
-# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all_defer), the
+# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all_cstream),
+# the deferred commit on the one stream (graphs_all_defer), the
 # former one (graphs_all: the commit before the decode), that with the commit folded into the next
 # cell's first forward under the graphs, and the CLI's path with the page's side-stream decode on
-LOOP_LEVERS = ("exact", "graphs_all_defer", "graphs_all_fold", "graphs_all", "graphs_all_defer_stream")
+LOOP_LEVERS = (
+    "exact",
+    "graphs_all_cstream",
+    "graphs_all_defer",
+    "graphs_all_fold",
+    "graphs_all",
+    "graphs_all_defer_stream",
+)
 BUDGET_S = 0.25  # one cell = 4 frames at 16 fps
 
 
@@ -150,6 +160,14 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "decode_graph": True,
             "decode_dtype": "bf16",
             "defer_commit": True,
+        },
+        "graphs_all_cstream": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+            "defer_commit": True,
+            "commit_stream": True,
         },
         "graphs_all_fold": {
             "cuda_graphs": True,
@@ -828,7 +846,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--serve-lever",
         default=None,
         help="the play server's lever, or a comma list measured one after another (default: "
-        "graphs_all_defer on cuda, the CLI's; exact on cpu)",
+        "graphs_all_cstream on cuda, the CLI's; exact on cpu)",
     )
     p.add_argument(
         "--url",
@@ -893,7 +911,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.write_text(json.dumps(result))
         return result
     args.events = args.events if args.events is not None else (60 if args.mode == "serve" else 0)
-    args.serve_lever = args.serve_lever or ("graphs_all_defer" if args.device == "cuda" else "exact")
+    args.serve_lever = args.serve_lever or ("graphs_all_cstream" if args.device == "cuda" else "exact")
     args.serve_levers = [x for x in args.serve_lever.split(",") if x]
     for name in args.serve_levers:
         if name not in LEVERS:

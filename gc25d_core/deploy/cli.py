@@ -85,6 +85,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="run each cell's commit after its decode, not waited for (the same latents, the frames "
         "one commit sooner; default on CUDA)",
     )
+    p.add_argument(
+        "--commit-stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with the deferred commit on CUDA: run the commit on a second CUDA stream beside the "
+        "decode (the same latents; default on CUDA without --decode-stream)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,8 +149,9 @@ def session_device(device: str | None, preset_device: str) -> str:
 
 def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     """The session's options: on CUDA the fast path (CUDA graphs of every cell + the lean bf16
-    decode + its CUDA graph + the commit deferred past the decode, bench/speed/deploy.py's lever
-    graphs_all_defer: the exact path's latents, the whole-loop figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
+    decode + its CUDA graph + the commit deferred past the decode and run on a second stream beside
+    it, bench/speed/deploy.py's lever graphs_all_cstream: the exact path's latents, the whole-loop
+    figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
     The side-stream decode runs without the decode graph unless ``--decode-graph`` asks for it
     (the pair is not measured)."""
     if args.fp8_skip and not args.fp8:
@@ -159,12 +167,20 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         )
     if args.fold_commit and args.defer_commit:
         raise ValueError("--fold-commit contradicts --defer-commit (the commit goes one way)")
+    if args.commit_stream and (args.exact or args.fold_commit):
+        raise ValueError("--commit-stream needs the deferred commit (not --exact or --fold-commit)")
     fast = cuda and not args.exact
     decode_fast = args.fast_decode or fast
+    defer = args.defer_commit or (fast and not args.fold_commit)
+    # beside the side-stream decode the commit's stream is not measured: off there unless asked for
+    beside = (
+        args.commit_stream if args.commit_stream is not None else fast and defer and not args.decode_stream
+    )
     return RuntimeOptions(
         seed=args.seed,
         fold_commit=args.fold_commit,
-        defer_commit=args.defer_commit or (fast and not args.fold_commit),
+        defer_commit=defer or bool(args.commit_stream),
+        commit_stream=beside,
         compile=args.compile,
         cuda_graphs=args.cuda_graphs or fast,
         decode_dtype="bf16" if decode_fast else "fp32",

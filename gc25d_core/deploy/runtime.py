@@ -47,6 +47,11 @@ class RuntimeOptions(Strict):
         default=False,
         description="commit cell k after its decode, not waited for (its frames first; the same latents)",
     )
+    commit_stream: bool = Field(
+        default=False,
+        description="with defer_commit on a GPU: the commit runs on a second CUDA stream beside the "
+        "decode (the same latents; the next cell waits for it on the device)",
+    )
     compile: bool = Field(default=False, description="torch.compile the block body (GPU)")
     compile_mode: str | None = Field(
         default=None,
@@ -252,6 +257,9 @@ class DeployRuntime:
         self.decode_stream: torch.cuda.Stream | None = None
         self.set_decode_stream(opts.decode_stream)
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
+        if opts.commit_stream and not opts.defer_commit:
+            raise ValueError("commit_stream needs defer_commit (the commit runs beside the decode)")
+        self.commit_stream = torch.cuda.Stream(self.device) if opts.commit_stream and self.cuda else None
         self._rotate_fn: Any = None
         self.graphed: GraphedKVForward | None = None
         self.notes: list[str] = []
@@ -261,6 +269,8 @@ class DeployRuntime:
                 self.graphed = inner = GraphedKVForward(model)
             else:
                 self.notes.append("cuda_graphs: no CUDA device, the static cache runs eagerly")
+        if opts.commit_stream and not self.cuda:
+            self.notes.append("commit_stream: no CUDA device, the commit runs after the decode")
         self.forward = _TimedForward(inner, self.sync)
         self.streamer = CausalStreamer(
             model,
@@ -445,14 +455,24 @@ class DeployRuntime:
         x0 = self.streamer.step(text, sem, generator=self.generator)
         self.sync()  # one sync per cell: the live page shows denoise and decode apart
         t1 = time.perf_counter()
+        in_step = self.forward.times["commit"]  # the forwards before t1 (host time is what is left)
+        beside = self.commit_stream
+        if beside is not None:  # the commit reads x0 and writes the cache; the decode reads x0
+            main = torch.cuda.current_stream(self.device)
+            beside.wait_stream(main)
+            with torch.cuda.stream(beside):
+                self.streamer.commit()
+            x0.record_stream(beside)
         frames = self._decode(x0)
         if self.timing:
             self.sync()
         t2 = time.perf_counter()
-        in_step = self.forward.times["commit"]  # the forwards before t1 (host time is what is left)
-        # deferred: the commit is queued behind the decode and not waited for — the frames go
-        # now, the next cell's first device sync (its ids) waits for it
-        self.streamer.commit()
+        # deferred: the commit is queued behind the decode (or beside it) and not waited for — the
+        # frames go now; the next cell's forwards wait for it on the device
+        if beside is not None:
+            main.wait_stream(beside)
+        else:
+            self.streamer.commit()
         if self.timing:
             self.sync()
             times.denoise, times.commit = self.forward.times["denoise"], self.forward.times["commit"]

@@ -104,14 +104,19 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
 
     fast = opts(cuda=True)
     assert fast.cuda_graphs and fast.decode_fast and fast.decode_dtype == "bf16" and not fast.decode_stream
-    assert fast.decode_graph  # bench lever graphs_all_defer: the fastest measured, the exact latents
-    assert fast.defer_commit and not fast.fold_commit
+    assert fast.decode_graph  # bench lever graphs_all_cstream: the fastest measured, the exact latents
+    assert fast.defer_commit and fast.commit_stream and not fast.fold_commit
     exact = opts("--exact", cuda=True)
     assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
-    assert not exact.decode_graph and not exact.defer_commit
+    assert not exact.decode_graph and not exact.defer_commit and not exact.commit_stream
     assert opts(cuda=False) == exact  # a CPU runs the exact path
     stream = opts("--decode-stream", cuda=True)
     assert stream.decode_stream and not stream.decode_graph  # the pair is not measured
+    assert stream.defer_commit and not stream.commit_stream  # nor the two side streams together
+    assert not opts("--no-commit-stream", cuda=True).commit_stream
+    assert opts("--decode-stream", "--commit-stream", cuda=True).commit_stream
+    with pytest.raises(ValueError, match="--commit-stream needs the deferred commit"):
+        opts("--fold-commit", "--commit-stream", cuda=True)
     assert opts("--decode-graph", cuda=False).decode_graph
     folded = opts("--fold-commit", cuda=True)
     assert folded.cuda_graphs and not folded.defer_commit  # the fold graphed per fill level

@@ -92,15 +92,21 @@ def test_the_side_stream_switch_needs_a_cuda_device(tiny_export, deploy_cfg):
 
 @pytest.mark.gpu
 def test_cuda_side_stream_switched_mid_session_keeps_every_frame_in_order(tiny_export, deploy_cfg):
-    """The CLI's CUDA path (graphs, lean bf16 decode + its graph, deferred commit) with the page's
-    side-stream switch flipped on and off mid-session: every cell's frames come out once, in order,
-    the same frames and latents as the session that never switched."""
+    """The CLI's CUDA path (graphs, lean bf16 decode + its graph, the commit deferred and beside
+    the decode) with the page's side-stream switch flipped on and off mid-session (then the decode
+    and the commit each on a side stream): every cell's frames come out once, in order, the same
+    frames and latents as the session that never switched."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     rng = np.random.default_rng(1)
     blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(12)]
     opts = RuntimeOptions(
-        cuda_graphs=True, decode_fast=True, decode_dtype="bf16", decode_graph=True, defer_commit=True
+        cuda_graphs=True,
+        decode_fast=True,
+        decode_dtype="bf16",
+        decode_graph=True,
+        defer_commit=True,
+        commit_stream=True,
     )
 
     def run(switch: dict[int, bool]):
@@ -122,3 +128,37 @@ def test_cuda_side_stream_switched_mid_session_keeps_every_frame_in_order(tiny_e
     assert plain.shape[0] == switched.shape[0] == 1 + 4 * len(blocks)
     assert np.array_equal(switched, plain)
     assert torch.equal(lat_s, lat)
+
+
+def test_the_commit_beside_the_decode_needs_the_deferred_commit(tiny_export, deploy_cfg):
+    with pytest.raises(ValueError, match="commit_stream needs defer_commit"):
+        open_session(tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(commit_stream=True))
+    s = open_session(
+        tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(defer_commit=True, commit_stream=True)
+    )
+    assert s.runtime.commit_stream is None and any("commit_stream" in n for n in s.runtime.notes)
+
+
+@pytest.mark.gpu
+def test_cuda_commit_beside_the_decode_gives_the_deferred_sessions_cells(tiny_export, deploy_cfg):
+    """The commit on its own CUDA stream, beside the decode (graphs, lean decode + its graph): the
+    same latents and frames as the deferred commit on the one stream, every cell."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    rng = np.random.default_rng(2)
+    blocks = [np.array([rng.integers(0, 9), rng.integers(0, 2), 0, 0, 0], np.uint8) for _ in range(24)]
+    base = dict(cuda_graphs=True, decode_fast=True, decode_dtype="bf16", decode_graph=True, defer_commit=True)
+
+    def run(**extra):
+        s = open_session(tiny_export, deploy_cfg, device="cuda", options=RuntimeOptions(**base, **extra))
+        assert (s.runtime.commit_stream is not None) == bool(extra)
+        frames = list(s.start())
+        outs = [s.step(b) for b in blocks]
+        frames += [f for o in outs for f in o.out.frames]
+        torch.cuda.synchronize()
+        return torch.cat([o.out.latent.float().cpu() for o in outs], dim=2), np.concatenate(frames)
+
+    lat, frames = run()
+    lat_c, frames_c = run(commit_stream=True)
+    assert torch.equal(lat_c, lat)
+    assert np.array_equal(frames_c, frames)
