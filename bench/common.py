@@ -84,3 +84,28 @@ def forward_flops(
     counts only the pairs its mask allows (what a block-sparse kernel needs to do)."""
     pairs = tokens**2 if attn_pairs is None else attn_pairs
     return 2 * block_params * tokens + 4 * layers * pairs * dim + 4 * layers * tokens * text_len * dim
+
+
+def torchrun_bench_args(ap: Any, *, root: str, nproc: int, steps: int, warm: int) -> None:
+    """The arguments every torchrun training benchmark takes: its scratch root, logs folder, ranks,
+    steps and the warm-up steps left out of the steady state."""
+    ap.add_argument("--root", type=Path, default=Path(root))
+    ap.add_argument("--out", type=Path, default=None, help="logs folder (default <root>/logs)")
+    ap.add_argument("--nproc", type=int, default=nproc)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warm", type=int, default=warm, help="steps left out of the steady state")
+
+
+class DeviceBench:
+    """A benchmark on one device: its arguments, the device and whether it is CUDA. DiffSynth is
+    imported first (the model classes load through it)."""
+
+    def __init__(self, args: Any):
+        import torch
+
+        from gc25d_core.compat import import_diffsynth
+
+        import_diffsynth()
+        self.args = args
+        self.dev = torch.device(args.device)
+        self.cuda = self.dev.type == "cuda"

@@ -65,7 +65,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gc25d_core.compat import import_diffsynth
+from bench.common import DeviceBench
 from gc25d_core.deploy.world import varied_blocks
 
 LEVERS = (
@@ -231,9 +231,9 @@ def runtime_counters(rt: Any) -> dict[str, Any]:
     return out
 
 
-class Bench:
+class Bench(DeviceBench):
     def __init__(self, args: argparse.Namespace):
-        import_diffsynth()
+        super().__init__(args)
         from gc25d_core.flow import DEPLOY_AXIS
         from gc25d_core.models.configs import DEPLOY_CAUSAL, full_config, tiny_config
         from gc25d_core.models.export import ExportMeta
@@ -242,9 +242,6 @@ class Bench:
         from gc25d_core.text import text_data
         from gc25d_core.vocab import valid_raw_ids
 
-        self.args = args
-        self.dev = torch.device(args.device)
-        self.cuda = self.dev.type == "cuda"
         full = args.dims == "full"
         self.cfg = full_config() if full else tiny_config()
         self.hw = (30, 52) if full else (4, 8)

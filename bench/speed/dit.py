@@ -27,19 +27,15 @@ from typing import Any
 
 import torch
 
-from bench.common import dit_flops, emit, mfu
-from gc25d_core.compat import import_diffsynth
+from bench.common import DeviceBench, dit_flops, emit, mfu
 
 
-class Bench:
+class Bench(DeviceBench):
     def __init__(self, args: argparse.Namespace):
-        import_diffsynth()
+        super().__init__(args)
         from gc25d_core.models.configs import full_config, tiny_config
         from gc25d_core.models.gcdit import GcDiT
 
-        self.args = args
-        self.dev = torch.device(args.device)
-        self.cuda = self.dev.type == "cuda"
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.cfg = tiny_config() if args.tiny else full_config()
         self.hw = (4, 6) if args.tiny else (30, 52)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, bench_env, dit_flops, emit, mfu, torchrun
+from bench.common import ROOT, bench_env, dit_flops, emit, mfu, torchrun, torchrun_bench_args
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
@@ -201,11 +201,7 @@ def summarize(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=Path("/tmp/gc25d_sft_bench"))
-    ap.add_argument("--out", type=Path, default=None, help="logs folder (default <root>/logs)")
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warm", type=int, default=4, help="steps left out of the steady state")
+    torchrun_bench_args(ap, root="/tmp/gc25d_sft_bench", nproc=2, steps=20, warm=4)
     ap.add_argument("--clips-per-run", type=int, default=6)
     ap.add_argument("--variants", default="nockpt_fused")
     ap.add_argument(

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import PEAK_TFLOPS, ROOT, bench_env, emit, forward_flops, mfu, torchrun
+from bench.common import PEAK_TFLOPS, ROOT, bench_env, emit, forward_flops, mfu, torchrun, torchrun_bench_args
 
 TEXT_LEN = 512
 PROFILED_STEPS = 2
@@ -390,11 +390,7 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=Path("/tmp/gc25d_stage_bench"))
-    ap.add_argument("--out", type=Path, default=None, help="logs folder (default <root>/logs)")
-    ap.add_argument("--nproc", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=7)
-    ap.add_argument("--warm", type=int, default=2, help="steps left out of the steady state")
+    torchrun_bench_args(ap, root="/tmp/gc25d_stage_bench", nproc=1, steps=7, warm=2)
     ap.add_argument("--clips-per-run", type=int, default=4, help="world size: 5 runs x this many clips")
     ap.add_argument("--runs", default="s1,s1_flex,sft,s2")
     ap.add_argument("--s3-blocks", type=int, default=10, help="stage 3's depth (of the 30 blocks)")

@@ -39,6 +39,7 @@ from torch import nn
 
 from gc25d_core.config import LATENT_CHANNELS
 from gc25d_core.models.loading import WeightsError
+from gc25d_core.models.vae_fit import fit_step
 
 if TYPE_CHECKING:
     from gc25d_core.config import Gc25dConfig
@@ -237,12 +238,7 @@ def fit_fast_decoder(
         loss = ((out - vae).pow(2) * mask).sum() / denom
         if gt_weight:
             loss = loss + gt_weight * ((out - gt).pow(2) * mask).sum() / denom
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        if log is not None:
-            log(step + 1, losses[-1])
+        fit_step(opt, loss, losses, log, step)
         if checkpoint is not None and (step + 1) % ckpt_every == 0 and step + 1 < steps:
             from gc25d_core.atomic import atomic_path
 

@@ -37,6 +37,23 @@ FIT_FORMAT = "gc25d_tiny_vae38"
 FIT_VERSION = 3  # part of the inputs key: bump it when the fit's code changes what it produces
 
 
+def fit_step(
+    opt: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    losses: list[float],
+    log: Callable[[int, float], None] | None,
+    step: int,
+) -> None:
+    """One optimizer step of a small model's fit (the tiny VAE's, the fast decoder's): the loss
+    recorded and handed to ``log`` with its 1-based step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(float(loss.detach()))
+    if log is not None:
+        log(step + 1, losses[-1])
+
+
 def _window(
     clips: Sequence[np.ndarray], frames: int, crop: int | None, rng: np.random.Generator
 ) -> torch.Tensor:
@@ -86,12 +103,7 @@ def fit_tiny_vae(
         z = model.encode(x, scale)
         recon = model.decode(z, scale)
         loss = (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        if log is not None:
-            log(step + 1, losses[-1])
+        fit_step(opt, loss, losses, log, step)
     model.eval().requires_grad_(False)
     with torch.no_grad():
         zs = torch.cat(
