@@ -86,6 +86,20 @@ def forward_flops(
     return 2 * block_params * tokens + 4 * layers * pairs * dim + 4 * layers * tokens * text_len * dim
 
 
+def short_run(steps: int, val: dict[str, Any]) -> dict[str, Any]:
+    """A training bench run's cadences: ``steps`` steps logged one by one, no exports or states,
+    the validation ``val``."""
+    return {
+        "max_steps": steps,
+        "export_every": 10**6,
+        "state_every": 10**6,
+        "export_final": False,
+        "state_final": False,
+        "log_every": 1,
+        "val": val,
+    }
+
+
 def torchrun_bench_args(ap: Any, *, root: str, nproc: int, steps: int, warm: int) -> None:
     """The arguments every torchrun training benchmark takes: its scratch root, logs folder, ranks,
     steps and the warm-up steps left out of the steady state."""

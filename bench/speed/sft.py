@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, bench_env, dit_flops, emit, mfu, torchrun, torchrun_bench_args
+from bench.common import ROOT, bench_env, dit_flops, emit, mfu, short_run, torchrun, torchrun_bench_args
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
@@ -116,16 +116,7 @@ def variant(name: str) -> dict[str, Any]:
 def build_world(root: Path, tiny: bool, starts: int, steps: int):
     from gc25d_core.train.synthetic import sft_world
 
-    sft = {
-        "max_steps": steps,
-        "export_every": 10**6,
-        "state_every": 10**6,
-        "export_final": False,
-        "state_final": False,
-        "log_every": 1,
-        "model": {"init": "random"},
-        "val": {"every": 10**6, "num_clips": 2},
-    }
+    sft = {**short_run(steps, {"every": 10**6, "num_clips": 2}), "model": {"init": "random"}}
     overrides: dict[str, Any] = {}
     if not tiny:
         overrides = {"text": {"table_path": None}, "index": {"drop_lists": []}}

@@ -49,7 +49,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import PEAK_TFLOPS, ROOT, bench_env, emit, forward_flops, mfu, torchrun, torchrun_bench_args
+from bench.common import (
+    PEAK_TFLOPS,
+    ROOT,
+    bench_env,
+    emit,
+    forward_flops,
+    mfu,
+    short_run,
+    torchrun,
+    torchrun_bench_args,
+)
 
 TEXT_LEN = 512
 PROFILED_STEPS = 2
@@ -59,19 +69,8 @@ CKPT_1GPU = 10  # SFT: of the 30 blocks (sft.py's v10_1gpu)
 
 # ------------------------------------------------------------------------------------------ runs
 
-
-def short_run(steps: int) -> dict[str, Any]:
-    """Cadences of a bench run: no exports or states, one small validation at the end (the loop
-    always validates the last step)."""
-    return {
-        "max_steps": steps,
-        "export_every": 10**6,
-        "state_every": 10**6,
-        "export_final": False,
-        "state_final": False,
-        "log_every": 1,
-        "val": {"every": 10**6, "num_clips": 1, "timesteps": [500.0], "at_start": False},
-    }
+# one small validation at the end (the loop always validates the last step)
+STAGE_VAL = {"every": 10**6, "num_clips": 1, "timesteps": [500.0], "at_start": False}
 
 
 def run_kind(name: str) -> str:
@@ -139,7 +138,7 @@ def run_config(
     from gc25d_core.train.presets import with_stage
 
     stage = STAGE_OF[run_kind(name)]
-    over = deep_merge(short_run(steps), run_overrides(name, tiny, exports, s3_blocks))
+    over = deep_merge(short_run(steps, STAGE_VAL), run_overrides(name, tiny, exports, s3_blocks))
     if profile:
         over = deep_merge(
             over,
@@ -165,7 +164,7 @@ def build_world(root: Path, tiny: bool, starts: int):
     t0 = time.perf_counter()
     cfg = sft_world(
         root,
-        short_run(4),
+        short_run(4, STAGE_VAL),
         preset="tiny" if tiny else "v10",
         starts=tuple(96 * i for i in range(starts)),
         overrides=overrides,
