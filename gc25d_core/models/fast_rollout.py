@@ -176,11 +176,22 @@ class _Route:
         return self.runner.replica_forward(latent, timestep, text, sem_ids, **kw)
 
 
+@dataclass
+class _Lane:
+    """What the rollouts of one batch size reuse: the static cache, the graphs and the text slot.
+    The graphs read the cache's and the slot's tensors, so each batch size keeps its own (stage 3
+    alternates the critic updates' batched rollout and the generator's)."""
+
+    text: _TextSlot
+    graphs: GraphedKVForward | None
+    cache: BatchStaticKVCache | None = None
+
+
 class RolloutRunner:
-    """A no-grad replica of a generator and the state its fast rollouts reuse (static cache, graphs,
-    text slot). ``load`` copies the generator's current weights in place (the graphs keep pointing at
-    them); ``streamer`` gives a ``CausalStreamer`` over it for one rollout. Derived state: rebuilt
-    from the generator, never saved."""
+    """A no-grad replica of a generator and the state its fast rollouts reuse (per batch size: static
+    cache, graphs, text slot). ``load`` copies the generator's current weights in place (the graphs
+    keep pointing at them); ``streamer`` gives a ``CausalStreamer`` over it for one rollout. Derived
+    state: rebuilt from the generator, never saved."""
 
     def __init__(self, template: GcDiT, mode: ReplicaMode, device: torch.device, graphs: bool = True):
         from gc25d_core.models.gcdit import GcDiT
@@ -192,13 +203,13 @@ class RolloutRunner:
         replica.check_sem_ids = template.check_sem_ids
         replica.track_stats = False
         self.model, self.mode, self.device = replica, mode, device
-        self.graphs = GraphedKVForward(replica) if graphs and device.type == "cuda" else None
-        if self.graphs is not None:
+        self.use_graphs = graphs and device.type == "cuda"
+        if self.use_graphs:
             # the vocab check of the ids syncs the device, which a capture cannot hold (training
             # checks the ids on the host: train.model.build_model turns it off on the generator too)
             replica.check_sem_ids = False
-        self.text = _TextSlot(replica)
-        self.cache: BatchStaticKVCache | None = None
+        self.lanes: dict[int, _Lane] = {}
+        self.lane: _Lane | None = None  # the last rollout's
         self.version: Any = None  # what the caller says the weights are (e.g. the optimizer step)
         self._timesteps: dict[tuple[float, int], torch.Tensor] = {}
 
@@ -217,6 +228,24 @@ class RolloutRunner:
             raise KeyError(f"rollout replica: no weights for {sorted(set(own) - seen)[:5]}")
         self.version = version
 
+    def _lane(self, batch: int) -> _Lane:
+        if batch not in self.lanes:
+            graphs = GraphedKVForward(self.model) if self.use_graphs else None
+            self.lanes[batch] = _Lane(_TextSlot(self.model), graphs)
+        return self.lanes[batch]
+
+    @property
+    def cache(self) -> BatchStaticKVCache | None:
+        return None if self.lane is None else self.lane.cache
+
+    @property
+    def graphs(self) -> GraphedKVForward | None:
+        """The last rollout's graphs (what a capture failure turned off says ``disabled``)."""
+        off = [
+            lane.graphs for lane in self.lanes.values() if lane.graphs is not None and lane.graphs.disabled
+        ]
+        return off[0] if off else None if self.lane is None else self.lane.graphs
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.mode.autocast)
 
@@ -228,15 +257,17 @@ class RolloutRunner:
             if key not in self._timesteps:
                 self._timesteps[key] = torch.full((latent.shape[0],), timestep, device=latent.device)
             timestep = self._timesteps[key]
-        fwd = self.graphs if self.graphs is not None else self.model
+        graphs = self._lane(int(latent.shape[0])).graphs
+        fwd = graphs if graphs is not None else self.model
         with self._autocast():
             out = fwd(latent, timestep, text, sem_ids, **kw)
         return out.float() if out is not None and self.mode.fp32_out else out
 
     def cell_text(self, raw: torch.Tensor, index: torch.Tensor) -> TextContext:
         """The cell's text context (``text.TextTable.context`` output: bank + index)."""
+        batch = int(index.shape[0])
         with self._autocast():
-            return self.text.load(raw, index, batch=int(index.shape[0]))
+            return self._lane(batch).text.load(raw, index, batch=batch)
 
     def streamer(
         self,
@@ -250,16 +281,16 @@ class RolloutRunner:
         ``slow``: the training forward that runs the grad forwards (a generator update's exits)."""
         hw = tuple(int(s) for s in anchor.shape[-2:])
         key = (hw, anchor.device, anchor.dtype)
-        c = self.cache
-        batch_changed = c is not None and c.k_raw[0] is not None and c.k_raw[0].shape[0] != anchor.shape[0]
-        if c is None or c.grid_key != key or c.spec != spec or batch_changed:
+        lane = self.lane = self._lane(int(anchor.shape[0]))
+        c = lane.cache
+        if c is None or c.grid_key != key or c.spec != spec:
             m = self.model
             grid = (hw[0] // m.patch_size[1], hw[1] // m.patch_size[2])
             rope = _MemoRope(m.rope_table(anchor.device, self.mode.activ_dtype))
-            c = self.cache = BatchStaticKVCache(spec, len(m.blocks), grid, m.num_heads, cast(Any, rope))
+            c = lane.cache = BatchStaticKVCache(spec, len(m.blocks), grid, m.num_heads, cast(Any, rope))
             c.grid_key = key
-            if self.graphs is not None:
-                self.graphs.reset()
+            if lane.graphs is not None:
+                lane.graphs.reset()
         c.mirror = None if slow is None else self.model.new_kv_cache(spec, hw)
         s = CausalStreamer(
             self.model,

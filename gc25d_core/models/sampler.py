@@ -25,6 +25,33 @@ def _noise_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
 
 
+class RowGroups(NamedTuple):
+    """Rollouts batched along the rows (no grad): group g, rows ``g·n .. (g+1)·n``, draws its noise
+    from ``generators[g]`` and exits at ``exits[g]`` — exactly the draws it would make rolled out
+    alone with that generator and exit step, in the same order (a group past its exit draws none)."""
+
+    generators: Sequence[torch.Generator]
+    exits: Sequence[int]
+
+    def rows(self, x: torch.Tensor, g: int) -> slice:
+        n = x.shape[0] // len(self.generators)
+        return slice(g * n, (g + 1) * n)
+
+    def noise(self, like: torch.Tensor, active: Sequence[bool] | None = None) -> torch.Tensor:
+        """Fresh normal noise shaped ``like``: each active group's rows from its generator, zeros
+        for the others."""
+        if like.shape[0] % len(self.generators):
+            raise ValueError(f"{like.shape[0]} rows do not split into {len(self.generators)} groups")
+        n = like.shape[0] // len(self.generators)
+        parts = [
+            torch.randn((n, *like.shape[1:]), generator=gen, device=like.device, dtype=like.dtype)
+            if active is None or active[g]
+            else like.new_zeros((n, *like.shape[1:]))
+            for g, gen in enumerate(self.generators)
+        ]
+        return torch.cat(parts)
+
+
 def denoise_cell(
     model: Callable[..., Any],
     cache: KVCache,
@@ -42,6 +69,7 @@ def denoise_cell(
     commit: bool = True,
     fold: FoldedCommit | None = None,
     checkpoint: bool = False,
+    groups: RowGroups | None = None,
 ) -> torch.Tensor:
     """Denoise one cell against the cache and commit it; returns x0 ``[B, C, 1, H, W]``.
 
@@ -51,6 +79,9 @@ def denoise_cell(
     at t=0 always runs under no_grad. ``record`` (tests) receives one dict
     per forward: cell, step (int or "commit"), x, t, v.
 
+    ``groups`` (no grad): several rollouts in one batch, each with its own generator and exit step
+    (``RowGroups``); every group takes its x0 at its own exit, the batch runs to the latest.
+
     Deploy's folded commit: ``commit=False`` leaves this cell's commit to the next cell, whose first
     forward takes it as ``fold`` (the previous cell's clean x0, text and ids) and runs
     [clean k | noisy k + 1] in one forward (same K/V and output as the separate commit; tests).
@@ -58,11 +89,17 @@ def denoise_cell(
     if fold is not None and (grad or fold.cell != cell - 1):
         raise ValueError(f"a folded commit needs grad off and the previous cell (got {fold.cell} for {cell})")
     num_steps = len(timesteps)
-    exit_k = num_steps - 1 if exit_step is None else exit_step
+    if groups is not None:
+        if grad or fold is not None or exit_step is not None or generator is not None or noise is not None:
+            raise ValueError("row groups carry their own generators and exits (no grad, no fold)")
+        if not all(0 <= e < num_steps for e in groups.exits):
+            raise ValueError(f"exits {list(groups.exits)} outside 0..{num_steps - 1}")
+    exit_k = max(groups.exits) if groups is not None else num_steps - 1 if exit_step is None else exit_step
     if not 0 <= exit_k < num_steps:
         raise ValueError(f"exit_step={exit_step} outside 0..{num_steps - 1}")
     x = x_init
     x0 = x
+    taken = torch.empty_like(x_init) if groups is not None else None  # each group's x0 at its exit
     for k in range(exit_k + 1):
         t = float(timesteps[k])
         with torch.set_grad_enabled(grad and k == exit_k):
@@ -74,9 +111,19 @@ def denoise_cell(
             x0 = x0_at_sigma(x, v, axis_sigma(t))
         if record is not None:
             record.append({"cell": cell, "step": k, "x": x.detach(), "t": t, "v": v.detach()})
+        if groups is not None:
+            assert taken is not None
+            for g, e in enumerate(groups.exits):
+                if e == k:
+                    taken[groups.rows(x0, g)] = x0[groups.rows(x0, g)]
         if k < exit_k:
-            eps = noise[k] if noise is not None else _noise_like(x, generator)
+            if groups is not None:
+                eps = groups.noise(x, [k < e for e in groups.exits])
+            else:
+                eps = noise[k] if noise is not None else _noise_like(x, generator)
             x = noise_at_sigma(x0, eps, axis_sigma(timesteps[k + 1])).detach()
+    if taken is not None:
+        x0 = taken
     if not commit:
         return x0
     v_commit = commit_cell(model, cache, cell, x0, text, sem_ids, return_output=record is not None)
@@ -209,7 +256,10 @@ class CausalStreamer:
             raise RuntimeError("CausalStreamer.step before start()")
         self.commit()  # a deferred commit not run yet comes first: the cache must hold its cell
         if x_init is None:
-            x_init = _noise_like(self._cell_like, generator)
+            groups = kwargs.get("groups")
+            x_init = (
+                _noise_like(self._cell_like, generator) if groups is None else groups.noise(self._cell_like)
+            )
         if self.fold_commit:
             kwargs.update(commit=False, fold=self.pending)
         elif self.defer_commit:

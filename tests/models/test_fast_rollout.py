@@ -14,7 +14,7 @@ import torch
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
 from gc25d_core.models.gcdit import TextContext
-from gc25d_core.models.sampler import CausalStreamer
+from gc25d_core.models.sampler import CausalStreamer, RowGroups
 from gc25d_core.models.sem_cond import cell_frame_slice
 
 from .tiny import make_inputs, make_model
@@ -119,6 +119,93 @@ def test_fast_grad_rollout_equals_the_module_rollout_in_values_and_gradients():
     assert torch.equal(x_fast, x_ref)
     assert all(torch.equal(a, b) for a, b in zip(g_fast, g_ref, strict=True))
     assert any(g.abs().sum() > 0 for g in g_fast)
+
+
+def _grouped_rollout(streamer, start, text, anchor, banks, index, ids, groups: RowGroups):
+    with torch.no_grad():
+        start(anchor, text(banks[0], index), ids[:, cell_frame_slice(0)])
+        out = [
+            streamer.step(text(banks[c], index), ids[:, cell_frame_slice(c)], groups=groups).float()
+            for c in range(1, CELLS)
+        ]
+    return torch.cat(out, dim=2)
+
+
+def _rows(args, rows: slice):
+    anchor, banks, index, ids = args
+    return anchor[rows], [b[rows] for b in banks], index[rows], ids[rows]
+
+
+@pytest.mark.parametrize("per_group", [1, 2])
+def test_row_groups_roll_out_each_group_as_it_would_alone(per_group):
+    """Three rollouts in one batch (stage 3's critic updates of a step), each with its own
+    generator and exit step: every group's cells are its rollout alone, on the module and on the
+    fast path."""
+    torch.manual_seed(0)
+    model = make_model(seed=3)
+    exits, seeds = (3, 1, 2), (10, 11, 12)
+    args = _inputs(batch=3 * per_group, distinct=True)
+    alone = []
+    with torch.no_grad():
+        for g, (e, seed) in enumerate(zip(exits, seeds, strict=True)):
+            rows = slice(g * per_group, (g + 1) * per_group)
+            alone.append(
+                _module_rollout(model, model, *_rows(args, rows), exit_step=e, grad=False, seed=seed)
+            )
+    want = torch.cat(alone)
+
+    def groups():
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        return RowGroups(gens, exits)
+
+    module = CausalStreamer(model, SPEC, AXIS)
+    got = _grouped_rollout(module, module.start, TextContext.build, *args, groups())
+    runner = _runner(model, ReplicaMode(), "cpu")
+    fast = runner.streamer(SPEC, AXIS, args[0])
+    got_fast = _grouped_rollout(fast, lambda *a: runner.start(fast, *a), runner.cell_text, *args, groups())
+    # the rows' GEMMs run at another M: equal up to fp32 rounding (here at most 7.8e-7 with one
+    # row a group, bit for bit with two)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_fast, want, rtol=0, atol=1e-5)
+
+
+def test_each_batch_size_keeps_its_own_cache_and_text_slot():
+    """Stage 3 alternates a batch of the critic updates' rollouts and the generator's own batch:
+    each batch size keeps its cache (and on a GPU its graphs), so neither rebuilds the other's."""
+    torch.manual_seed(0)
+    model = make_model(seed=3)
+    runner = _runner(model, ReplicaMode(), "cpu")
+    small, big = _inputs(batch=1, distinct=True), _inputs(batch=3, distinct=True)
+    with torch.no_grad():
+        ref = _module_rollout(model, model, *small, exit_step=3, grad=False, seed=5)
+        first = _fast_rollout(runner, None, *small, exit_step=3, grad=False, seed=5)
+        cache = runner.cache
+        _fast_rollout(runner, None, *big, exit_step=2, grad=False, seed=6)
+        assert runner.cache is not cache and sorted(runner.lanes) == [1, 3]
+        again = _fast_rollout(runner, None, *small, exit_step=3, grad=False, seed=5)
+    assert runner.cache is cache  # the batch-1 lane's buffers, reused
+    assert torch.equal(first, ref) and torch.equal(again, ref)
+
+
+def test_row_groups_refuse_grad_and_a_shared_generator():
+    model = make_model(seed=3)
+    streamer = CausalStreamer(model, SPEC, AXIS)
+    anchor, banks, index, ids = _inputs(batch=2, distinct=True)
+    with torch.no_grad():
+        streamer.start(anchor, TextContext.build(banks[0], index), ids[:, cell_frame_slice(0)])
+    groups = RowGroups([torch.Generator(), torch.Generator()], (3, 4))
+    with pytest.raises(ValueError, match=r"exits \[3, 4\] outside 0..3"):
+        streamer.step(TextContext.build(banks[1], index), ids[:, cell_frame_slice(1)], groups=groups)
+    groups = RowGroups([torch.Generator(), torch.Generator()], (3, 1))
+    with pytest.raises(ValueError, match="row groups carry their own generators"):
+        streamer.step(
+            TextContext.build(banks[1], index),
+            ids[:, cell_frame_slice(1)],
+            groups=groups,
+            generator=torch.Generator(),
+        )
+    with pytest.raises(ValueError, match="3 rows do not split into 2 groups"):
+        groups.noise(torch.zeros(3, 4))
 
 
 def test_a_stale_replica_gives_another_rollout_and_load_refreshes_it():
