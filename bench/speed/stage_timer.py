@@ -152,7 +152,13 @@ def install(stage: str) -> None:
         _stage2_velocity(Run)
     if stage == "stage3_dmd":
         _device_sums_shim()
-        _timed(Run, "rollout", lambda self, *a, grad=False, **k: "rollout_grad" if grad else "rollout_nograd")
+        _timed(
+            Run,
+            "rollout_groups",
+            lambda self, *a, grad=False, **k: "rollout_grad" if grad else "rollout_nograd",
+        )
+        # batch_critic_rollouts: the critic updates' rollouts, before the first update's micro-step
+        _timed(Run, "roll_critic_clips", "critic_prefetch")
         _timed(Run, "_score", lambda self, net, *a, **k: "real_fwd" if net is self.real else "critic_fwd")
         # a phase's micro-step: its forward(s), backward and optimizer step (train.denoiser.Phase)
         _timed(Run, "micro_step", lambda self, phase, *a, **k: f"{phase.stream}_step")

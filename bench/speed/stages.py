@@ -118,6 +118,10 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             if kind != "s3":
                 raise SystemExit(f"+module is stage 3's (rollout_path), not {name!r}'s")
             out["rollout_path"] = "module"
+        elif m == "batch":  # stage 3: the critic updates' rollouts of a step as one batch
+            if kind != "s3":
+                raise SystemExit(f"+batch is stage 3's (batch_critic_rollouts), not {name!r}'s")
+            out["batch_critic_rollouts"] = True
         elif m in ("overlap", "nooverlap"):  # ZeRO-2's gradient reduction beside the backward, or after it
             out["zero"] = {"overlap_comm": m == "overlap"}
         elif m.startswith("fx"):  # flex kernel options: attention.py's FLEX_VARIANTS["flex_<name>"]
@@ -366,9 +370,14 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
         out["rollout_forward_mfu_median"] = med(
             [mfu(f, t) for f, t in zip(roll_f, roll_s, strict=True) if t > 0]
         )
-        out["critic_updates_s_median"] = med([x.get("critic_step", 0.0) for x in s])
+        out["critic_updates_s_median"] = med(
+            [x.get("critic_step", 0.0) + x.get("critic_prefetch", 0.0) for x in s]
+        )
         out["critic_updates_ex_rollout_s_median"] = med(
-            [x.get("critic_step", 0.0) - x.get("rollout_nograd", 0.0) for x in s]
+            [
+                x.get("critic_step", 0.0) + x.get("critic_prefetch", 0.0) - x.get("rollout_nograd", 0.0)
+                for x in s
+            ]
         )
         out["generator_update_s_median"] = med([x.get("generator_step", 0.0) for x in s])
         out["generator_update_ex_rollout_s_median"] = med(

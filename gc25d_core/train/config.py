@@ -294,6 +294,12 @@ class Stage3Config(CausalStageConfig):
             "exit forwards on the training module; module: every forward on the training module"
         ),
     )
+    batch_critic_rollouts: bool = Field(
+        default=False,
+        description="the critic updates' no-grad rollouts of a step as one batch before the first "
+        "update (each with its own draws and noise; equal to rolling them out one by one up to "
+        "floating-point rounding)",
+    )
     ema: EmaConfig = EmaConfig(enabled=True, decay=0.99, start_step=100)
     dropout: DropoutConfig = DropoutConfig(enabled=False)
 

@@ -69,7 +69,11 @@ class Phase:
 
     A micro-batch's random draws come from ``generator(seed, stream, rank, step, *key(update,
     micro))``, so a resumed run redraws them exactly. ``grad_norm`` names the device sum the
-    update's pre-clip global norm (over the world size) adds to; None leaves it unrecorded."""
+    update's pre-clip global norm (over the world size) adds to; None leaves it unrecorded.
+
+    ``prefetch``: called with every micro-batch of the phase (its samples and its generator, in
+    order) before the first one runs — for work the micro-batches can share (stage 3 rolls out
+    all its critic updates' clips in one batch); each micro-batch then gets the same generator."""
 
     stream: str
     trained: Trained
@@ -78,6 +82,7 @@ class Phase:
     micro_batches: int = 1
     grad_norm: str | None = "grad_norm"
     key: Callable[[int, int], tuple[int, ...]] = _by_micro
+    prefetch: Callable[[int, list[tuple[list[TrainingSample], torch.Generator]]], None] | None = None
 
 
 class DenoiserRun(StageRun):
@@ -230,19 +235,28 @@ class DenoiserRun(StageRun):
         sums = StepSums(self.DEVICE_SUMS, (*self.HOST_SUMS, "data_s"), self.device)
         seconds: dict[str, float] = {}
         keys_done: list[Any] = []
+
+        def take() -> tuple[list[TrainingSample], float]:
+            nonlocal keys_done
+            if self.data.epoch_ends and keys_done:
+                self.data.mark_consumed(keys_done)
+                keys_done = []
+            t_data = time.perf_counter()
+            items = self.data.next_micro()
+            keys_done += [k for k, _ in items]
+            return [s for _, s in items], time.perf_counter() - t_data
+
         for phase in self.phases():
             t0 = self.sync()
-            for update in range(phase.updates):
-                for micro in range(phase.micro_batches):
-                    if self.data.epoch_ends and keys_done:
-                        self.data.mark_consumed(keys_done)
-                        keys_done = []
-                    t_data = time.perf_counter()
-                    items = self.data.next_micro()
-                    data_s = time.perf_counter() - t_data
-                    keys_done += [k for k, _ in items]
-                    samples = [s for _, s in items]
-                    self.micro_step(phase, step, (update, micro), samples, data_s, sums)
+            ats = [(u, m) for u in range(phase.updates) for m in range(phase.micro_batches)]
+            if phase.prefetch is None:
+                for at in ats:
+                    self.micro_step(phase, step, at, *take(), sums)
+            else:
+                taken = [(at, *take(), self.micro_generator(phase, step, at)) for at in ats]
+                phase.prefetch(step, [(samples, gen) for _, samples, _, gen in taken])
+                for at, samples, data_s, gen in taken:
+                    self.micro_step(phase, step, at, samples, data_s, sums, gen=gen)
             seconds[phase.stream] = self.sync() - t0
         self.data.mark_consumed(keys_done)
         self.after_optimizer_step(step)
@@ -256,11 +270,13 @@ class DenoiserRun(StageRun):
         samples: list[TrainingSample],
         data_s: float,
         sums: StepSums,
+        gen: torch.Generator | None = None,
     ) -> None:
         """Micro-batch ``at`` = (update, micro) of ``phase``: its loss forward and backward, the
-        optimizer step after the update's last micro-batch; its numbers into the step's sums."""
+        optimizer step after the update's last micro-batch; its numbers into the step's sums.
+        ``gen``: its generator, if a prefetch drew from it already."""
         update, micro = at
-        gen = generator(self.section.seed, phase.stream, self.rank, step, *phase.key(update, micro))
+        gen = gen if gen is not None else self.micro_generator(phase, step, at)
         boundary = micro == phase.micro_batches - 1
         with phase.trained.accumulate(boundary):
             out = phase.micro(samples, gen, step, update)
@@ -280,6 +296,10 @@ class DenoiserRun(StageRun):
         zero = torch.zeros((), device=self.device)
         sums.add_device([device.get(k, zero) for k in self.DEVICE_SUMS])
         sums.add_host([out.host.get(k, 0.0) for k in self.HOST_SUMS] + [data_s])
+
+    def micro_generator(self, phase: Phase, step: int, at: tuple[int, int]) -> torch.Generator:
+        """Micro-batch ``at``'s random draws: a function of (seed, phase, rank, step, its key)."""
+        return generator(self.section.seed, phase.stream, self.rank, step, *phase.key(*at))
 
     def sync(self) -> float:
         """The time; with ``sync_phases`` on a GPU after the device is done (phase timings)."""

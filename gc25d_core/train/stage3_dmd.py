@@ -5,7 +5,9 @@ teacher, bidirectional, frozen: never gets gradients) and the critic / fake scor
 initialised from the SFT teacher, trained). One optimizer step = ``critic_steps`` critic updates,
 each on a fresh batch and a fresh no-grad rollout, then one generator update: two optimizer
 phases (train.denoiser.Phase), whose micro-step bookkeeping (batches, seeded draws, backward,
-optimizer steps, sums) is the shared step's. This file holds the losses, the rollout and the scoring.
+optimizer steps, sums) is the shared step's; with ``batch_critic_rollouts`` the critic updates'
+rollouts run first, as one batch (the generator does not change between them). This file holds the
+losses and the scoring; the rollout is train.self_rollout's.
 
 Self-rollout (the deploy runtime's code: models.sampler.CausalStreamer, the 4-step consistency
 sampler with the commit at t = 0; deploy forces the exit step to the last under no_grad):
@@ -27,32 +29,30 @@ cfg 1.0: one conditional pass of the real score.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gc25d_core.distributed import all_reduce, broadcast_ints
+from gc25d_core.distributed import all_reduce
 from gc25d_core.flow import noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
-from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
-from gc25d_core.models.sem_cond import cell_frame_slice
+from gc25d_core.models.fast_rollout import RolloutRunner
 from gc25d_core.train.causal_run import CausalRun
 from gc25d_core.train.config import Stage3Config
-from gc25d_core.train.data import TrainingSample, batch_of, generator
+from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.denoiser import Micro, Phase
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained
-from gc25d_core.train.inputs import draw_noise, to_device
+from gc25d_core.train.inputs import draw_noise
 from gc25d_core.train.model import build_model, init_export, param_groups
+from gc25d_core.train.self_rollout import SelfRollout
 from gc25d_core.train.state import ResumePoint, Stateful
 
 if TYPE_CHECKING:
-    from gc25d_core.models.gcdit import GcDiT
+    pass
 
 __all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss"]
 
@@ -92,24 +92,10 @@ def critic_flow_loss(
     return sq[mask.expand_as(sq)].mean()
 
 
-def replica_mode(engine: Any) -> ReplicaMode | None:
-    """How the engine's generator forward computes (the rollout replica mirrors it): FSDP's bf16
-    mixed precision holds bf16 weights, casts the root's float inputs, and on CUDA accelerate adds
-    bf16 autocast and fp32 outputs; the torch engine keeps fp32 weights under bf16 autocast."""
-    bf16 = engine.precision == "bf16"
-    if engine.kind == "fsdp":
-        acc = bf16 and getattr(engine, "accelerator", None) is not None
-        dtype = torch.bfloat16 if bf16 else torch.float32
-        return ReplicaMode(dtype=dtype, autocast=acc, cast_inputs=bf16, fp32_out=acc)
-    if engine.kind == "torch":
-        return ReplicaMode(dtype=torch.float32, autocast=bf16)
-    return None
-
-
 # ============================================================================== the stage
 
 
-class Stage3Run(CausalRun):
+class Stage3Run(SelfRollout, CausalRun):
     name = "stage3_dmd"
     section: Stage3Config
     init_causal = True  # the generator: stage 2's EMA export
@@ -149,6 +135,7 @@ class Stage3Run(CausalRun):
         self.ema: Ema = Ema(self.model, sec.ema)  # before any state is loaded: the loop restores it
         self.sync_phases = sec.time_phases
         self.draws = []
+        self.critic_clips: dict[int, tuple[torch.Tensor, torch.Tensor, list[list[str]]]] = {}
         self.rollout_path = sec.rollout_path
         self.fast_runner: RolloutRunner | None = None  # built on the first fast rollout
         self.gather_s = 0.0  # the step's seconds gathering the replica's weights (fast path)
@@ -156,125 +143,6 @@ class Stage3Run(CausalRun):
 
     def state_parts(self) -> dict[str, Stateful]:
         return {**super().state_parts(), "critic": self.critic}
-
-    # -- rollout ------------------------------------------------------------------------------------
-
-    draws: list[tuple[int, int]]  # (cells, exit step) of this step's rollouts
-
-    def _draw(self, step: int, k: int) -> tuple[int, int]:
-        """(cells incl. the anchor, exit step) drawn on rank 0 and broadcast."""
-        sec = self.section
-        g = generator(sec.seed, "rollout", step, k)
-        cells = int(torch.randint(sec.min_cells, sec.max_cells + 1, (1,), generator=g))
-        exit_step = int(torch.randint(0, len(self.axis), (1,), generator=g))
-        cells, exit_step = broadcast_ints([cells, exit_step], self.device)
-        self.draws = [] if k == 0 else self.draws  # the step's first rollout (its first critic update)
-        self.draws.append((cells, exit_step))
-        return cells, exit_step
-
-    def rollout(
-        self, samples: list[TrainingSample], cells: int, exit_step: int, gen: torch.Generator, grad: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
-        """The scored clip [B, 48, 1 + K, H, W] (cell 0 = the anchor), its raw ids and text keys.
-        ``rollout_path`` "fast": the no-grad forwards on the generator's replica (``_fast``), the
-        grad exit forwards on ``self.model``; "module": every forward on ``self.model``."""
-        from gc25d_core.models.gcdit import GcDiT, TextContext
-        from gc25d_core.models.sampler import CausalStreamer
-
-        horizon = self.section.grad_horizon
-        for s in samples:
-            if s.ext_ids is None or s.ext_keys is None or len(s.all_keys()) < cells:
-                raise ValueError(
-                    f"{s.sample_id}: stage 3 needs {cells} cells of ids and prompts (has_ext clips)"
-                )
-        ids = batch_of([s.all_ids() for s in samples])
-        keys = [s.all_keys() for s in samples]
-        anchor = to_device(batch_of([s.latent for s in samples]), self.device).float()[:, :, :1]
-        dtype = next(self.model.module.parameters()).dtype
-        device_gen = torch.Generator(device=self.device).manual_seed(
-            int(torch.randint(0, 2**62, (1,), generator=gen))
-        )
-        fast = self._fast() if self.rollout_path == "fast" else None
-
-        def text(cell: int) -> TextContext:
-            # unbound: the forward binds it to the (possibly sharded) text embedding
-            bank = self.text.context([[k[cell]] for k in keys])
-            return TextContext.build(*bank) if fast is None else fast.cell_text(*bank)
-
-        def sem(cell: int) -> torch.Tensor:
-            return to_device(ids[:, cell_frame_slice(cell)], self.device)
-
-        if fast is None:
-            streamer = CausalStreamer(
-                cast(GcDiT, self.model.module),
-                self.rollout_causal,
-                self.axis,
-                forward=self.model,
-                checkpoint=self.rollout_checkpoint,
-            )
-            with torch.no_grad():
-                streamer.start(anchor.to(dtype), text(0), sem(0))
-        else:
-            streamer = fast.streamer(
-                self.rollout_causal,
-                self.axis,
-                anchor.to(dtype),
-                slow=self.model if grad else None,
-                checkpoint=self.rollout_checkpoint,
-            )
-            with torch.no_grad():
-                fast.start(streamer, anchor.to(dtype), text(0), sem(0))
-        out = []
-        for cell in range(1, cells):
-            scored = cell >= cells - horizon
-            x0 = streamer.step(
-                text(cell), sem(cell), generator=device_gen, exit_step=exit_step, grad=grad and scored
-            )
-            if scored:
-                out.append(x0.float())
-        tail = list(range(cells - horizon, cells))
-        frames = torch.cat([ids[:, cell_frame_slice(0)], *(ids[:, cell_frame_slice(c)] for c in tail)], dim=1)
-        clip_keys = [[k[0], *(k[c] for c in tail)] for k in keys]
-        return torch.cat([anchor, *out], dim=2), frames, clip_keys
-
-    def _fast(self) -> RolloutRunner:
-        """The generator's rollout replica with its current weights. Gathered once per optimizer
-        step of the generator (its scheduler's count): the weights change only there, so the step's
-        ``critic_steps`` + 1 rollouts share one gather. Derived state, never saved: a resumed run
-        gathers on its first rollout."""
-        version = self.model.scheduler.last_epoch  # type: ignore[attr-defined]
-        if self.fast_runner is None:
-            mode = replica_mode(self.engine)
-            if mode is None:
-                raise ValueError(
-                    f"stage3_dmd.rollout_path 'fast' runs on the fsdp and torch engines, not {self.engine.kind}"
-                )
-            template = cast("GcDiT", self.model.module)
-            self.fast_runner = RolloutRunner(template, mode, self.device)
-            self.fast_runner.model.load_state_dict(
-                {n.replace("_fsdp_wrapped_module.", ""): b for n, b in template.named_buffers()}, strict=False
-            )
-        if self.fast_runner.version != version:
-            t0 = self._sync_time()
-            with self._gathered():
-                self.fast_runner.load(self.model.module.named_parameters(), version)
-            self.gather_s += self._sync_time() - t0
-        return self.fast_runner
-
-    def _sync_time(self) -> float:
-        if self.sync_phases and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def _gathered(self) -> contextlib.AbstractContextManager[Any]:
-        """The generator's full parameters in its module (FSDP: gathered from the shards on every
-        rank; a collective, so every rank calls it at the same rollout)."""
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        wrapped = getattr(self.model, "wrapped", None)
-        if isinstance(wrapped, FSDP):
-            return FSDP.summon_full_params(wrapped, writeback=False)
-        return contextlib.nullcontext()
 
     # -- the losses ---------------------------------------------------------------------------------
 
@@ -315,15 +183,28 @@ class Stage3Run(CausalRun):
                 updates=self.section.critic_steps,
                 grad_norm=None,
                 key=lambda update, micro: (update,),
+                prefetch=self.roll_critic_clips if self.section.batch_critic_rollouts else None,
             ),
             Phase("generator", self.model, self.generator_micro, key=lambda update, micro: ()),
         ]
 
+    def roll_critic_clips(
+        self, step: int, batches: list[tuple[list[TrainingSample], torch.Generator]]
+    ) -> None:
+        """The critic updates' no-grad rollouts of a step as one batch (``batch_critic_rollouts``):
+        the generator does not change between them, so they can all run before the first."""
+        draws = [self._draw(step, k) for k in range(len(batches))]
+        with torch.no_grad():
+            clips = self.rollout_groups([b for b, _ in batches], draws, [g for _, g in batches], grad=False)
+        self.critic_clips = dict(enumerate(clips))
+
     def critic_micro(self, samples: list[TrainingSample], gen: torch.Generator, step: int, k: int) -> Micro:
         """L_D on a no-grad rollout: the critic's flow loss on the generated clip."""
-        cells, exit_step = self._draw(step, k)
-        with torch.no_grad():
-            x, ids, keys = self.rollout(samples, cells, exit_step, gen, grad=False)
+        if k in self.critic_clips:
+            x, ids, keys = self.critic_clips.pop(k)
+        else:
+            with torch.no_grad():
+                x, ids, keys = self.rollout(samples, *self._draw(step, k), gen, grad=False)
         x_t, noise, mask, t = self._noised(x, gen)
         v_hat = self.critic(**self.kwargs(x_t, t, keys, ids))
         loss = critic_flow_loss(v_hat, noise, x, mask)
@@ -333,8 +214,7 @@ class Stage3Run(CausalRun):
         self, samples: list[TrainingSample], gen: torch.Generator, step: int, update: int
     ) -> Micro:
         """L_G: the DMD surrogate on a rollout whose last K exit forwards hold the graph."""
-        cells, exit_step = self._draw(step, self.section.critic_steps)
-        x, ids, keys = self.rollout(samples, cells, exit_step, gen, grad=True)
+        x, ids, keys = self.rollout(samples, *self._draw(step, self.section.critic_steps), gen, grad=True)
         x_t, _, mask, t = self._noised(x.detach(), gen)
         with torch.no_grad():
             x_fake = self._score(self.critic.infer, x_t, t, keys, ids)

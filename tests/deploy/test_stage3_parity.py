@@ -61,7 +61,9 @@ def test_deploy_rollout_equals_the_stage3_rollout(tiny_export, deploy_cfg, fold)
     gen = torch.Generator().manual_seed(7)
     seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(7)))
     with torch.no_grad():
-        train, _, _ = Stage3Run.rollout(run, [sample], CELLS, len(run.axis) - 1, gen, grad=False)
+        ((train, _, _),) = Stage3Run.rollout_groups(
+            run, [[sample]], [(CELLS, len(run.axis) - 1)], [gen], grad=False
+        )
 
     from gc25d_core.models.vae import build_vae
 

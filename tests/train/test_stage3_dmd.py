@@ -320,3 +320,58 @@ def test_the_replica_is_gathered_once_per_generator_update_and_never_saved(built
     assert "fast_runner" not in run.state_parts() and not any(
         part is runner for part in run.state_parts().values()
     )
+
+
+@pytest.mark.parametrize("path", ["module", "fast"])
+def test_the_critic_updates_rollouts_in_one_batch_are_the_one_by_one_rollouts(built, path):
+    """``rollout_groups``: three critic updates' rollouts (their own samples, draws and generators)
+    as one batch give each update's clip, ids and keys as its own rollout does (the clips up to
+    fp32 rounding: the rows' GEMMs run at another batch size), and leave each generator where its
+    own rollout leaves it (the update's noise draws after the rollout are the same)."""
+    run = built
+    run.rollout_path = path
+    groups = [_samples(run) for _ in range(3)]
+    draws = [(23, 1), (21, 3), (26, 0)]
+    try:
+        with torch.no_grad():
+            gens = [torch.Generator().manual_seed(10 + k) for k in range(3)]
+            alone = [
+                run.rollout(g, c, e, gen, grad=False)
+                for g, (c, e), gen in zip(groups, draws, gens, strict=True)
+            ]
+            gens_b = [torch.Generator().manual_seed(10 + k) for k in range(3)]
+            batched = run.rollout_groups(groups, draws, gens_b, grad=False)
+    finally:
+        run.rollout_path = "fast"
+    for (x, ids, keys), (xb, ids_b, keys_b) in zip(alone, batched, strict=True):
+        torch.testing.assert_close(xb, x, rtol=0, atol=1e-5)
+        assert torch.equal(ids_b, ids) and keys_b == keys
+    assert [int(torch.randint(0, 2**30, (1,), generator=g)) for g in gens_b] == [
+        int(torch.randint(0, 2**30, (1,), generator=g)) for g in gens
+    ]
+    with pytest.raises(ValueError, match="one with grad, or several of one size"):
+        run.rollout_groups(groups[:2], draws[:2], gens[:2], grad=True)
+
+
+def test_a_step_with_the_critic_rollouts_batched_is_the_step_one_by_one(tmp_path):
+    """``batch_critic_rollouts``: the loop hands the critic phase's micro-batches to the stage up
+    front (``Phase.prefetch``) and each update then gets its clip; the step's draws, data and
+    records are the one-by-one step's (the losses up to fp32 rounding)."""
+    torch.set_num_threads(1)
+    records, draws, cursors = [], [], []
+    for batch in (False, True):
+        root = tmp_path / str(batch)
+        settings = {"engine": "torch", "max_steps": 2, "critic_steps": 3, "batch_critic_rollouts": batch}
+        cfg = stage3_world(root, settings)
+        run = Stage3Run(cfg, stage_config(cfg, "stage3_dmd"), root / "run", StdoutReporter(rank=0))
+        run._prepare_run_dir()
+        run.build(run._resume())
+        assert (run.phases()[0].prefetch is not None) == batch
+        records.append([run.train_step(step) for step in (1, 2)])
+        draws.append(list(run.draws))
+        cursors.append({k: v for k, v in run.data.state().items() if k != "manifest"})  # own world
+        assert run.critic_clips == {}  # every prefetched clip was taken by its update
+    assert draws[0] == draws[1] and cursors[0] == cursors[1]
+    for one, batched in zip(*records, strict=True):
+        for key in ("critic_loss", "gen_loss", "grad_norm", "t_mean"):
+            assert batched[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
