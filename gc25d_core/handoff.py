@@ -58,6 +58,13 @@ def field_of(which: str) -> str:
     return "ema_export" if which == "ema" else "export"
 
 
+def runs_relative(path: Path | str, runs_root: Path | str) -> str:
+    """``path`` for a record: relative to the runs root where it lies inside it (the record stays
+    true when the runs root moves), else as given."""
+    root, resolved = Path(runs_root).resolve(), Path(path).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
 def _inside(path: Path, runs_root: Path | str, what: str) -> Path:
     """``path`` relative to the runs root it must lie in (symbolic links followed)."""
     root = Path(runs_root).resolve()

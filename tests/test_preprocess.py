@@ -91,6 +91,10 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
     assert fit["used"].value and not fit["skipped"].value and fit["recon_mse_heldout"].value > 0
     refit = again.asset_materializations_for_node("tiny_vae")[0].metadata
     assert refit["skipped"].value and refit["sha256"].value == fit["sha256"].value  # same inputs: kept
+    from gc25d_core.models.vae_fit import record_file
+
+    record = record_file(cfg).read_text()  # names its file, not the data root it was written under
+    assert json.loads(record)["path"] == "tiny_vae.safetensors" and str(tmp_path) not in record
     from gc25d_core.preview import video_info
 
     video = video_info(mats["latents"]["preview_video"].value)

@@ -411,7 +411,7 @@ def ensure_probe(
     digest = save_probe(probe, path)
     truth = scores_from_ids(probe.predict(rgb), ids)  # on its own train pairs: did the fit work?
     rec = {
-        "path": str(path.resolve()),
+        "path": path.name,  # the file beside this record, by name: the data root can move
         "sha256": digest,
         "inputs_key": key,
         **summary,

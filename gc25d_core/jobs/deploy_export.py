@@ -21,7 +21,7 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
 
     from gc25d_core.atomic import atomic_write_text
     from gc25d_core.deploy.export import export_and_check
-    from gc25d_core.handoff import FINAL, handoff_of, write_handoff_file
+    from gc25d_core.handoff import FINAL, handoff_of, runs_relative, write_handoff_file
     from gc25d_core.models.export import ExportError
 
     if rep.rank != 0:  # one file: rank 0 writes it
@@ -33,7 +33,13 @@ def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
         )
     except ValueError as e:  # a bad export is the same on every attempt: named so it is not retried
         raise ExportError(f"deploy_export from {args.label}: {e}") from None
-    s = {**s, "source_label": args.label, "source_path": str(args.source)}
+    root = cfg.paths.runs_root  # the record's paths relative to it: a moved runs root keeps it true
+    s = {
+        **s,
+        "path": runs_relative(out, root),
+        "source_label": args.label,
+        "source_path": runs_relative(args.source, root),
+    }
     atomic_write_text(args.summary, json.dumps(s, indent=1))
     write_handoff_file(
         args.run_dir / FINAL, handoff_of("deploy", s["step"], out, runs_root=cfg.paths.runs_root)

@@ -145,7 +145,7 @@ def run_fast_decoder(cfg: Gc25dConfig, rep: Reporter, frames_of: FramesOf | None
     rec = {
         "sha256": digest,
         "inputs_key": key,
-        "path": str(path.resolve()),
+        "path": path.name,  # the file beside this record, by name: the data root can move
         **summary,
         "train_clips": len(train),
         "heldout_clips": len(held),

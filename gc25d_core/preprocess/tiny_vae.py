@@ -89,7 +89,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
     held_mse = recon_mse(vae, held_frames) if held_frames else float("nan")
     digest = save_tiny_vae(vae, path)
     rec = {
-        "path": str(path.resolve()),
+        "path": path.name,  # the file beside this record, by name: the data root can move
         "sha256": digest,
         "inputs_key": key,
         "train_clips": len(train),

@@ -108,7 +108,11 @@ def test_deploy_export_asset_and_its_check(tmp_path):
     assert mat.metadata["keys"].value == len(read_export(s3)[0])
     assert [c["stage"] for c in mat.metadata["init_chain"].value] == ["stage2_cd", "stage1_tf"]
     # the job ran under torchrun (one rank, whatever the launcher's nproc_per_node) and wrote the summary
-    assert json.loads((out / "deploy.json").read_text())["sha256"] == handoff.sha256
+    summary = json.loads((out / "deploy.json").read_text())
+    assert summary["sha256"] == handoff.sha256
+    # its paths relative to the runs root, which can move
+    assert summary["path"] == "deploy_export/v000001/deploy.safetensors"
+    assert summary["source_path"] == "exports/s3.safetensors"
     assert list((out / "torchrun_logs" / "attempt-00").iterdir())
 
 

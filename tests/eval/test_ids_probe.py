@@ -131,6 +131,7 @@ def test_ensure_probe_fits_once_per_inputs(tiny_raw: TinyRaw, tmp_path):
     assert rec["fitted"] and rec["frames"] > 0
     record = json.loads((tmp_path / "ids_probe.json").read_text())
     assert record["sha256"] == rec["sha256"]
+    assert record["path"] == "ids_probe.safetensors" and str(tmp_path) not in json.dumps(record)
     again, rec2 = ensure_probe(cfg, quick)
     assert not rec2["fitted"] and rec2["sha256"] == rec["sha256"]
     # other settings are other inputs: fitted again

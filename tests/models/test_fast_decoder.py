@@ -113,6 +113,7 @@ def test_the_fit_is_deterministic_kept_when_unchanged_and_resumes(tmp_path):
     for k in ("psnr_vs_vae_db", "psnr_vs_gt_db", "vae_psnr_vs_gt_db", "gap_db", "cell_ms"):
         assert np.isfinite(rec[k]), k
     assert rec["heldout_clips"] == 1 and rec["train_clips"] == 2
+    assert rec["path"] == weights_file(cfg).name and str(tmp_path) not in record_file(cfg).read_text()
     assert _fit(cfg)["skipped"]  # same inputs: the file is kept
 
     # a second project with the same inputs: the same weights, byte for byte
