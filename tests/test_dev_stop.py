@@ -95,6 +95,21 @@ def _in_background(command: str, env: dict[str, str], log: Path) -> Iterator[int
                 p.kill()
 
 
+def _signal_state(procs: list[psutil.Process]) -> str:
+    """Each process's signal masks from /proc (a signal that stops nothing: blocked or ignored?)."""
+    lines = []
+    for p in procs:
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{p.pid}/status").read_text().splitlines()
+            masks = [
+                line.split()
+                for line in status
+                if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+            ]
+            lines.append(f"{p.pid}: " + " ".join(f"{k[:-1]}={v}" for k, v in masks))
+    return "\n".join(lines)
+
+
 def _stop_and_check(pid: int, send: Callable[[], None], log: Path) -> None:
     tree = _tree(pid)
     cmdlines = _names(tree)
@@ -104,7 +119,8 @@ def _stop_and_check(pid: int, send: Callable[[], None], log: Path) -> None:
     gone, alive = psutil.wait_procs(tree, timeout=STOP_WITHIN_S)
     assert not alive, (
         f"{len(alive)} of {len(tree)} processes still alive {STOP_WITHIN_S} s after the signal:\n"
-        f"{_names(alive)}\n--- log ---\n{log.read_text()[-3000:]}"
+        f"{_names(alive)}\n--- signal state (pending / blocked / ignored / caught) ---\n"
+        f"{_signal_state(alive)}\n--- log ---\n{log.read_text()[-3000:]}"
     )
     print(f"{len(tree)} processes stopped in {time.monotonic() - started:.1f} s")
 
