@@ -69,6 +69,12 @@ CKPT_1GPU = 10  # SFT: of the 30 blocks (sft.py's v10_1gpu)
 
 # ------------------------------------------------------------------------------------------ runs
 
+# stage 3's modifiers: +module every rollout forward on the FSDP module (the path before issue 33),
+# +batch the critic updates' rollouts of a step as one batch
+S3_MODIFIERS: dict[str, tuple[str, Any]] = {
+    "module": ("rollout_path", "module"),
+    "batch": ("batch_critic_rollouts", True),
+}
 # one small validation at the end (the loop always validates the last step)
 STAGE_VAL = {"every": 10**6, "num_clips": 1, "timesteps": [500.0], "at_start": False}
 
@@ -114,14 +120,11 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             out["model"]["gradient_checkpointing"] = False
         elif m.startswith("ckpt") and m[4:].isdigit():
             out["model"].update(gradient_checkpointing=True, checkpoint_blocks=int(m[4:]))
-        elif m == "module":  # stage 3: every rollout forward on the FSDP module (the path before issue 33)
+        elif m in S3_MODIFIERS:
+            field, value = S3_MODIFIERS[m]
             if kind != "s3":
-                raise SystemExit(f"+module is stage 3's (rollout_path), not {name!r}'s")
-            out["rollout_path"] = "module"
-        elif m == "batch":  # stage 3: the critic updates' rollouts of a step as one batch
-            if kind != "s3":
-                raise SystemExit(f"+batch is stage 3's (batch_critic_rollouts), not {name!r}'s")
-            out["batch_critic_rollouts"] = True
+                raise SystemExit(f"+{m} is stage 3's ({field}), not {name!r}'s")
+            out[field] = value
         elif m in ("overlap", "nooverlap"):  # ZeRO-2's gradient reduction beside the backward, or after it
             out["zero"] = {"overlap_comm": m == "overlap"}
         elif m.startswith("fx"):  # flex kernel options: attention.py's FLEX_VARIANTS["flex_<name>"]

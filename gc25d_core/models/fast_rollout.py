@@ -240,11 +240,15 @@ class RolloutRunner:
 
     @property
     def graphs(self) -> GraphedKVForward | None:
-        """The last rollout's graphs (what a capture failure turned off says ``disabled``)."""
-        off = [
-            lane.graphs for lane in self.lanes.values() if lane.graphs is not None and lane.graphs.disabled
-        ]
-        return off[0] if off else None if self.lane is None else self.lane.graphs
+        return None if self.lane is None else self.lane.graphs
+
+    @property
+    def graphs_disabled(self) -> str | None:
+        """Why a lane's graphs are off (a capture failure), if one is."""
+        for lane in self.lanes.values():
+            if lane.graphs is not None and lane.graphs.disabled:
+                return lane.graphs.disabled
+        return None
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.mode.autocast)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -50,9 +50,6 @@ from gc25d_core.train.inputs import draw_noise
 from gc25d_core.train.model import build_model, init_export, param_groups
 from gc25d_core.train.self_rollout import SelfRollout
 from gc25d_core.train.state import ResumePoint, Stateful
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss"]
 
@@ -227,10 +224,10 @@ class Stage3Run(SelfRollout, CausalRun):
         # the generator rollout's draws as the ranks saw them: min and max over ranks agree
         cells, exit_step = self.draws[-1]
         gather_s, self.gather_s = self.gather_s, 0.0
-        graphs = self.fast_runner.graphs if self.fast_runner is not None else None
-        if graphs is not None and graphs.disabled and not self.graphs_warned:
+        off = self.fast_runner.graphs_disabled if self.fast_runner is not None else None
+        if off and not self.graphs_warned:
             self.graphs_warned = True  # the rollouts still run, eagerly on the replica
-            warnings.warn(f"stage 3 rollout: CUDA graphs off ({graphs.disabled})", stacklevel=1)
+            warnings.warn(f"stage 3 rollout: CUDA graphs off ({off})", stacklevel=1)
         lo = all_reduce([cells, exit_step], self.device, op="min")
         hi = all_reduce([-cells, -exit_step], self.device, op="min")
         lr, cond_lr = self.model.lrs()
