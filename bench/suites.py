@@ -744,14 +744,16 @@ SUITES: dict[str, Suite] = {
     ),
     "stages3": Suite(
         "nvidia-h200",
-        "stage 3 at 10 of 30 blocks on the fast rollout path (the preset) beside the module path, or the runs {1}",
+        "stage 3 at 10 of 30 blocks on the fast rollout path (the preset) beside the module path, or the runs {1}; "
+        "the runs {2} (default none) profiled over one more step, each phase's GPU work apart",
         stages(
             "s3",
             370,
-            "--runs {1} --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170",
+            "--runs {1} --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170 "
+            "--profile={2} --profile-steps 1",
             alloc=True,
         ),
-        defaults=("s3+module,s3",),
+        defaults=("s3+module,s3", ""),
     ),
     "stages-multi": Suite(
         "nvidia-h200-x8",

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from gc25d_core.train.gpu_trace import PHASE_PREFIX
+
 
 def _sync() -> float:
     if torch.cuda.is_available():
@@ -59,9 +61,13 @@ def _timed(cls: type, name: str, label: Callable[..., str] | str) -> None:
         ph: Phases | None = getattr(self, "_bench_phases", None)
         if ph is None:
             return orig(self, *args, **kwargs)
+        key = label if isinstance(label, str) else label(self, *args, **kwargs)
         t0 = _sync()
-        out = orig(self, *args, **kwargs)
-        ph.add(label if isinstance(label, str) else label(self, *args, **kwargs), _sync() - t0)
+        # the phase's range in a profiled step's trace (train.gpu_trace.phase_summary reads it)
+        with torch.profiler.record_function(PHASE_PREFIX + key):
+            out = orig(self, *args, **kwargs)
+            t1 = _sync()
+        ph.add(key, t1 - t0)
         return out
 
     setattr(cls, name, wrapper)
@@ -77,7 +83,8 @@ def _timed_step(cls: type) -> None:
         self._bench_phases = ph = Phases()
         t0 = _sync()
         try:
-            return orig(self, step)
+            with torch.profiler.record_function(PHASE_PREFIX + "step"):
+                return orig(self, step)
         finally:
             dt = _sync() - t0
             self._bench_phases = None

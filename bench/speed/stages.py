@@ -139,7 +139,7 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
 
 
 def run_config(
-    cfg, name: str, steps: int, tiny: bool, exports: dict[str, Path], s3_blocks: int, profile: bool
+    cfg, name: str, steps: int, tiny: bool, exports: dict[str, Path], s3_blocks: int, profile: int = 0
 ):
     from gc25d_core.config import deep_merge
     from gc25d_core.train.presets import with_stage
@@ -149,7 +149,7 @@ def run_config(
     if profile:
         over = deep_merge(
             over,
-            {"max_steps": steps + PROFILED_STEPS, "profile": {"start": steps + 1, "steps": PROFILED_STEPS}},
+            {"max_steps": steps + profile, "profile": {"start": steps + 1, "steps": profile}},
         )
     if tiny and stage == "stage3_dmd":
         over = deep_merge(over, {"critic_steps": 2})
@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--s3-blocks", type=int, default=10, help="stage 3's depth (of the 30 blocks)")
     ap.add_argument("--s3-steps", type=int, default=None, help="stage 3's steps (default --steps)")
     ap.add_argument("--timeout", type=int, default=420, help="seconds per run")
-    ap.add_argument("--profile", default="", help="comma list of runs profiled over 2 extra steps")
+    ap.add_argument("--profile", default="", help="comma list of runs profiled over extra steps")
+    ap.add_argument("--profile-steps", type=int, default=PROFILED_STEPS, help="how many (default 2)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--exports-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -451,7 +452,9 @@ def main(argv: list[str] | None = None) -> None:
         kind = run_kind(name)
         exports = {k: export_path(args.root, n) for k, (n, _) in specs.items()}
         steps = args.s3_steps if (kind == "s3" and args.s3_steps) else args.steps
-        stage, rcfg = run_config(cfg, name, steps, args.tiny, exports, s3_blocks, name in profiled)
+        stage, rcfg = run_config(
+            cfg, name, steps, args.tiny, exports, s3_blocks, args.profile_steps if name in profiled else 0
+        )
         sec = getattr(rcfg, stage)
         config = write_resolved(rcfg, args.root, f"{name}.yaml")
         run_dir = args.root / "runs" / name
@@ -495,7 +498,9 @@ def main(argv: list[str] | None = None) -> None:
         prof = run_dir / "profile"
         if (prof / "gpu_busy.json").is_file():  # the profiled steps: busy fraction, time per kind
             busy = json.loads((prof / "gpu_busy.json").read_text())
-            res["profile"] = {k: busy[k] for k in ("busy_frac", "gaps_s", "per_step_by_kind") if k in busy}
+            res["profile"] = {
+                k: busy[k] for k in ("busy_frac", "gaps_s", "per_step_by_kind", "phases") if k in busy
+            }
         emit(probe="run", run=name, **res)
         if rc != 0:
             print("\n".join(log.read_text(errors="replace").splitlines()[-40:]), flush=True)

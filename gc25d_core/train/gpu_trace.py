@@ -7,6 +7,7 @@ Hand-written because the profiler reports per-op device time only, with no union
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -103,3 +104,80 @@ def busy_summary(
         "gaps_s": sum(g for g, _ in gaps) / 1e6,
         "longest_gaps": [{"ms": round(g / 1e3, 3), "at_s": round(at / 1e6, 4)} for g, at in gaps[:top]],
     }
+
+
+PHASE_PREFIX = "phase:"
+HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
+
+
+def phase_summary(trace: Mapping[str, Any], prefix: str = PHASE_PREFIX, top: int = 12) -> dict[str, Any]:
+    """Per labelled host range (``torch.profiler.record_function(prefix + label)``, the bench's phase
+    timer brackets each with a device sync): how often it ran, its wall seconds, the GPU's busy
+    seconds inside it (union over streams), the device seconds per kind of work and its ``top``
+    kernels by device time and its ``top`` host calls. A range's device work is what starts inside it: with the sync at its
+    end, that is the work it launched. Ranges nested in a range of another label count for both."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    windows: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") == "user_annotation" and name.startswith(prefix):
+            start = float(e["ts"])
+            windows.setdefault(name[len(prefix) :], []).append((start, start + float(e.get("dur", 0.0))))
+    device = sorted(
+        (
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e)
+            for e in events
+            if e.get("cat") in DEVICE_CATEGORIES
+        ),
+        key=lambda d: (d[0], d[1]),
+    )
+    starts = [d[0] for d in device]
+    host = sorted(
+        (
+            (float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name", "")))
+            for e in events
+            if e.get("cat") in HOST_CATEGORIES
+        ),
+        key=lambda h: h[0],
+    )
+    host_starts = [h[0] for h in host]
+    out: dict[str, Any] = {}
+    for label, spans in sorted(windows.items()):
+        wall = busy = 0.0
+        kinds: dict[str, float] = {}
+        kernels: dict[str, list[float]] = {}
+        calls: dict[str, list[float]] = {}
+        for lo, hi in spans:
+            wall += hi - lo
+            for _, dur, name in host[
+                bisect.bisect_left(host_starts, lo) : bisect.bisect_right(host_starts, hi)
+            ]:
+                slot = calls.setdefault(name[:90], [0.0, 0])
+                slot[0] += dur
+                slot[1] += 1
+            inside = device[bisect.bisect_left(starts, lo) : bisect.bisect_right(starts, hi)]
+            busy += busy_summary((s, min(e, hi)) for s, e, _ in inside)["busy_s"] * 1e6
+            for s, e, ev in inside:
+                name = str(ev.get("name", ""))
+                kind = kernel_kind(name) if ev.get("cat") == "kernel" else str(ev.get("cat"))
+                kinds[kind] = kinds.get(kind, 0.0) + (e - s)
+                slot = kernels.setdefault(name[:90], [0.0, 0])
+                slot[0] += e - s
+                slot[1] += 1
+        out[label] = {
+            "n": len(spans),
+            "wall_s": round(wall / 1e6, 6),
+            "busy_s": round(busy / 1e6, 6),
+            "busy_frac": round(busy / wall, 4) if wall > 0 else 0.0,
+            "by_kind_s": {k: round(v / 1e6, 6) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [
+                {"name": k, "s": round(v[0] / 1e6, 6), "n": int(v[1])}
+                for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+            ],
+            # host calls (operators and CUDA runtime calls) by inclusive seconds: nested ones count twice
+            "top_host": [
+                {"name": k, "s": round(v[0] / 1e6, 6), "n": int(v[1])}
+                for k, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:top]
+            ],
+        }
+    return out

@@ -150,9 +150,17 @@ class StepProfiler:
         trace = self.folder / "trace.json"
         self.prof.export_chrome_trace(str(trace))
         self.prof = None
-        from gc25d_core.train.gpu_trace import busy_summary, device_intervals, device_time_by_kind
+        from gc25d_core.train.gpu_trace import (
+            busy_summary,
+            device_intervals,
+            device_time_by_kind,
+            phase_summary,
+        )
 
         events = json.loads(trace.read_text())
         busy = busy_summary(device_intervals(events))
         busy["per_step_by_kind"] = device_time_by_kind(events, per=self.last - self.first + 1)
+        phases = phase_summary(events)  # labelled ranges (a bench's phase timer), if any
+        if phases:
+            busy["phases"] = phases
         atomic_write_text(self.folder / "gpu_busy.json", json.dumps(busy, indent=1))

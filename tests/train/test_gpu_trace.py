@@ -65,3 +65,47 @@ def test_device_time_by_kind_names_the_work_per_step():
     assert out["gemm"] == {"s": 0.002, "n": 1.0}
     assert out["triton_fused"] == {"s": 0.00025, "n": 0.5}
     assert out["gpu_memcpy"]["s"] == pytest.approx(1e-4)
+
+
+def test_phase_summary_splits_device_work_by_labelled_host_range():
+    from gc25d_core.train.gpu_trace import phase_summary
+
+    def ann(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    def kern(name, ts, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    trace = {
+        "traceEvents": [
+            ann("phase:rollout", 0, 1000),
+            kern("nvjet_gemm_a", 100, 300),
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 50, "dur": 20},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 2050, "dur": 30},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 3500, "dur": 10},  # no phase
+            kern("flash_fwd", 200, 300),  # overlaps the gemm: busy 100..500
+            kern("nvjet_gemm_a", 600, 100),
+            ann("phase:rollout", 2000, 1000),
+            kern("nvjet_gemm_a", 2100, 200),
+            kern("Memcpy HtoD", 2900, 50, cat="gpu_memcpy"),
+            ann("phase:update", 4000, 500),
+            kern("adam_kernel", 4100, 400),
+            ann("other", 5000, 100),  # not a phase
+            kern("nvjet_gemm_a", 5000, 50),  # outside every phase
+        ]
+    }
+    out = phase_summary(trace)
+    assert set(out) == {"rollout", "update"}
+    r = out["rollout"]
+    assert r["n"] == 2 and r["wall_s"] == pytest.approx(2000e-6)
+    assert r["busy_s"] == pytest.approx((400 + 100 + 200 + 50) * 1e-6)
+    assert r["busy_frac"] == pytest.approx(750 / 2000, abs=1e-4)
+    assert r["by_kind_s"] == {
+        "gemm": pytest.approx(600e-6),
+        "attention_fused": pytest.approx(300e-6),
+        "gpu_memcpy": pytest.approx(50e-6),
+    }
+    assert r["top_kernels"][0] == {"name": "nvjet_gemm_a", "s": pytest.approx(600e-6), "n": 3}
+    assert r["top_host"] == [{"name": "cudaGraphLaunch", "s": pytest.approx(50e-6), "n": 2}]
+    assert out["update"]["by_kind_s"] == {"optimizer": pytest.approx(400e-6)}
+    assert out["update"]["top_host"] == []
