@@ -11,6 +11,7 @@ over the step, the seconds (and call counts) of
     ema_fwd           stage 2: the target network's forwards (no grad)
     rollout_nograd    stage 3: the critic updates' rollouts (no grad)
     rollout_grad      stage 3: the generator update's rollout (the last K cells hold the graph)
+    exit_fwd_grad     stage 3, fast path: the generator rollout's exit forwards with grad (inside rollout_grad)
     critic_fwd        stage 3: the critic's no-grad score in the generator update
     real_fwd          stage 3: the real score's forward
     critic_step       stage 3: one critic update (rollout + forward + backward + optimizer)
@@ -73,6 +74,30 @@ def _timed(cls: type, name: str, label: Callable[..., str] | str) -> None:
     setattr(cls, name, wrapper)
 
 
+_ACTIVE: list[Phases] = []  # the timed step's phases, for hooks outside the run's own methods
+
+
+def _timed_grad_forwards() -> None:
+    """Stage 3's fast path: each exit forward that carries gradients (``fast_rollout._Route`` sends
+    it to the training module) adds to ``exit_fwd_grad``, inside the generator's rollout."""
+    from gc25d_core.models.fast_rollout import _Route
+
+    orig = _Route.__call__
+
+    @functools.wraps(orig)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ACTIVE or not torch.is_grad_enabled():
+            return orig(self, *args, **kwargs)
+        t0 = _sync()
+        with torch.profiler.record_function(PHASE_PREFIX + "exit_fwd_grad"):
+            out = orig(self, *args, **kwargs)
+            t1 = _sync()
+        _ACTIVE[-1].add("exit_fwd_grad", t1 - t0)
+        return out
+
+    _Route.__call__ = call  # type: ignore[method-assign]
+
+
 def _timed_step(cls: type) -> None:
     orig = cls.train_step
 
@@ -81,6 +106,7 @@ def _timed_step(cls: type) -> None:
         cuda = torch.cuda.is_available()
         mem0 = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
         self._bench_phases = ph = Phases()
+        _ACTIVE.append(ph)
         t0 = _sync()
         try:
             with torch.profiler.record_function(PHASE_PREFIX + "step"):
@@ -88,6 +114,7 @@ def _timed_step(cls: type) -> None:
         finally:
             dt = _sync() - t0
             self._bench_phases = None
+            _ACTIVE.remove(ph)
             if self.rank == 0:
                 rec = {
                     "step": step,
@@ -159,6 +186,7 @@ def install(stage: str) -> None:
         _stage2_velocity(Run)
     if stage == "stage3_dmd":
         _device_sums_shim()
+        _timed_grad_forwards()
         _timed(
             Run,
             "rollout_groups",

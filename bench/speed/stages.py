@@ -74,6 +74,7 @@ CKPT_1GPU = 10  # SFT: of the 30 blocks (sft.py's v10_1gpu)
 S3_MODIFIERS: dict[str, tuple[str, Any]] = {
     "module": ("rollout_path", "module"),
     "batch": ("batch_critic_rollouts", True),
+    "nocompile": ("rollout_compile", False),
 }
 # one small validation at the end (the loop always validates the last step)
 STAGE_VAL = {"every": 10**6, "num_clips": 1, "timesteps": [500.0], "at_start": False}
@@ -385,6 +386,15 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
         out["generator_update_s_median"] = med([x.get("generator_step", 0.0) for x in s])
         out["generator_update_ex_rollout_s_median"] = med(
             [x.get("generator_step", 0.0) - x.get("rollout_grad", 0.0) for x in s]
+        )
+        # the generator's exit forwards that carry gradients (fast path: timed apart, on the training
+        # module): the rollout without them is the no-grad work the replica runs
+        out["exit_fwd_grad_s_median"] = med([x.get("exit_fwd_grad", 0.0) for x in s])
+        out["rollout_nograd_work_s_median"] = med(
+            [
+                x.get("rollout_nograd", 0.0) + x.get("rollout_grad", 0.0) - x.get("exit_fwd_grad", 0.0)
+                for x in s
+            ]
         )
         out["critic_s_median_stage"] = med([r.get("critic_s", 0.0) for r in steady_m])
         out["generator_s_median_stage"] = med([r.get("generator_s", 0.0) for r in steady_m])

@@ -118,6 +118,8 @@ class _TextSlot:
     def __init__(self, model: GcDiT):
         self.model = model
         self.ctx: TextContext | None = None
+        self.key: Any = None  # what the memo holds (the caller's prompt keys), None: unknown
+        self._index: dict[tuple[Any, ...], torch.Tensor] = {}  # host index values -> device index
 
     def _memo(self, raw: torch.Tensor, index: torch.Tensor) -> dict[Any, Any]:
         from gc25d_core.models.gcdit import TextContext
@@ -128,13 +130,27 @@ class _TextSlot:
             bound.kv(block.cross_attn)
         return fresh._shared
 
+    def _device_index(self, index: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The cell's index on the device: a host index (text.TextBank.context gives one) is looked
+        up by its values, so a rollout copies each distinct index once, not once per cell (a
+        pinned copy per cell costs a host allocation)."""
+        if index.device.type != "cpu" or device.type == "cpu":
+            return index.to(device).long()
+        key = (tuple(index.shape), *index.flatten().tolist())
+        if key not in self._index:
+            self._index[key] = index.long().to(device)
+        return self._index[key]
+
     @torch.no_grad()
-    def load(self, raw: torch.Tensor, index: torch.Tensor, batch: int) -> TextContext:
+    def load(self, raw: torch.Tensor, index: torch.Tensor, batch: int, key: Any = None) -> TextContext:
+        """``key``: names the cell's prompts (equal keys: equal bank and index); a cell with the
+        key the slot holds keeps its memo (the same weights give the same embedding and K/V)."""
         from gc25d_core.models.gcdit import TextContext
 
-        if raw.device.type == "cuda" and index.device.type == "cpu":  # no device sync per cell
-            index = index.long().pin_memory().to(raw.device, non_blocking=True)
-        index = index.to(raw.device).long()
+        if key is not None and key == self.key and self.ctx is not None:
+            return self.ctx
+        self.key = key
+        index = self._device_index(index, raw.device)
         if raw.shape[1] < batch:  # rows no index points at: the shapes stay the batch's
             pad = raw.new_zeros(raw.shape[0], batch - raw.shape[1], *raw.shape[2:])
             raw = torch.cat([raw, pad], dim=1)
@@ -193,7 +209,14 @@ class RolloutRunner:
     keep pointing at them); ``streamer`` gives a ``CausalStreamer`` over it for one rollout. Derived
     state: rebuilt from the generator, never saved."""
 
-    def __init__(self, template: GcDiT, mode: ReplicaMode, device: torch.device, graphs: bool = True):
+    def __init__(
+        self,
+        template: GcDiT,
+        mode: ReplicaMode,
+        device: torch.device,
+        graphs: bool = True,
+        compile: bool = False,
+    ):
         from gc25d_core.models.gcdit import GcDiT
 
         with torch.device("meta"):
@@ -202,6 +225,12 @@ class RolloutRunner:
         replica.requires_grad_(False).eval()
         replica.check_sem_ids = template.check_sem_ids
         replica.track_stats = False
+        if compile:
+            # the block bodies' elementwise work fused (the GPU's largest share of a rollout forward
+            # at one cell's tokens); the KV attention stays eager, so one compiled body serves every
+            # window fill level. Not bit-identical to the training forward: within bf16 rounding.
+            replica.enable_compile(eager_attention=True)
+        self.compiled = compile
         self.model, self.mode, self.device = replica, mode, device
         self.use_graphs = graphs and device.type == "cuda"
         if self.use_graphs:
@@ -227,6 +256,8 @@ class RolloutRunner:
         if seen != set(own):
             raise KeyError(f"rollout replica: no weights for {sorted(set(own) - seen)[:5]}")
         self.version = version
+        for lane in self.lanes.values():
+            lane.text.key = None  # new weights: every memo is recomputed
 
     def _lane(self, batch: int) -> _Lane:
         if batch not in self.lanes:
@@ -267,11 +298,12 @@ class RolloutRunner:
             out = fwd(latent, timestep, text, sem_ids, **kw)
         return out.float() if out is not None and self.mode.fp32_out else out
 
-    def cell_text(self, raw: torch.Tensor, index: torch.Tensor) -> TextContext:
-        """The cell's text context (``text.TextTable.context`` output: bank + index)."""
+    def cell_text(self, raw: torch.Tensor, index: torch.Tensor, key: Any = None) -> TextContext:
+        """The cell's text context (``text.TextBank.context`` output: bank + index). ``key``: what
+        names the cell's prompts (a cell with the previous cell's key reuses its memo)."""
         batch = int(index.shape[0])
         with self._autocast():
-            return self._lane(batch).text.load(raw, index, batch=batch)
+            return self._lane(batch).text.load(raw, index, batch=batch, key=key)
 
     def streamer(
         self,

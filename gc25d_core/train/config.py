@@ -294,6 +294,11 @@ class Stage3Config(CausalStageConfig):
             "exit forwards on the training module; module: every forward on the training module"
         ),
     )
+    rollout_compile: bool = Field(
+        default=True,
+        description="fast path on CUDA: torch.compile the replica's block bodies (their elementwise "
+        "work fused; the KV attention eager). Within bf16 rounding of the eager replica, not bit-identical",
+    )
     batch_critic_rollouts: bool = Field(
         default=False,
         description="the critic updates' no-grad rollouts of a step as one batch before the first "

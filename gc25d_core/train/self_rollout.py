@@ -122,10 +122,15 @@ class SelfRollout:
         def text(cell: int) -> TextContext:
             # unbound: the forward binds it to the (possibly sharded) text embedding
             bank = self.text.context([[k[cell]] for k in keys])
-            return TextContext.build(*bank) if fast is None else fast.cell_text(*bank)
+            if fast is None:
+                return TextContext.build(*bank)
+            return fast.cell_text(*bank, key=tuple(k[cell] for k in keys))
+
+        # the clip's ids on the device at once (one copy per rollout, not a pinned copy per cell)
+        ids_dev = to_device(ids[:, : cell_frame_slice(cells - 1).stop], self.device)
 
         def sem(cell: int) -> torch.Tensor:
-            return to_device(ids[:, cell_frame_slice(cell)], self.device)
+            return ids_dev[:, cell_frame_slice(cell)]
 
         if fast is None:
             streamer = CausalStreamer(
@@ -173,7 +178,8 @@ class SelfRollout:
                     f"stage3_dmd.rollout_path 'fast' runs on the fsdp and torch engines, not {self.engine.kind}"
                 )
             template = cast("GcDiT", self.model.module)
-            self.fast_runner = RolloutRunner(template, mode, self.device)
+            compile_ = self.section.rollout_compile and self.device.type == "cuda"
+            self.fast_runner = RolloutRunner(template, mode, self.device, compile=compile_)
             self.fast_runner.model.load_state_dict(
                 {n.replace("_fsdp_wrapped_module.", ""): b for n, b in template.named_buffers()}, strict=False
             )

@@ -282,3 +282,95 @@ def test_cuda_rollout_equals_the_module_rollout(kind):
             assert runner.graphs.replays > 0
         assert torch.equal(fast, ref) and torch.equal(x, x_ref), errs
         assert all(torch.equal(a, b) for a, b in zip(g, g_ref, strict=True)), errs
+
+
+def test_a_cell_with_the_previous_cells_prompts_keeps_the_text_memo():
+    """Stage 3 names each cell's prompts (``key``): a cell whose key is the one the slot holds
+    skips the memo (text embedding and every block's cross K/V) and rolls out the same; new weights
+    (``load``) recompute it."""
+    torch.manual_seed(0)
+    model = make_model(seed=1)
+    anchor, banks, index, ids = _inputs(batch=2, distinct=True)
+    banks = [banks[c // 3 * 3] for c in range(CELLS)]  # the prompt changes every third cell
+    keys = [f"prompt{c // 3}" for c in range(CELLS)]
+    runner = _runner(model, ReplicaMode(), "cpu")
+    slot = runner._lane(2).text
+    memos = []
+    orig = slot._memo
+
+    def counted(raw, idx):
+        memos.append(1)
+        return orig(raw, idx)
+
+    slot._memo = counted  # type: ignore[method-assign]
+    by_bank = {id(b): k for b, k in zip(banks, keys, strict=True)}
+
+    def keyed(raw, idx):
+        return runner.cell_text(raw, idx, key=by_bank[id(raw)])
+
+    def rollout(text):
+        streamer = runner.streamer(SPEC, AXIS, anchor)
+        return _rollout(
+            streamer, lambda *a: runner.start(streamer, *a), text, anchor, banks, index, ids, 3, False, 2
+        )
+
+    with torch.no_grad():
+        ref = _module_rollout(model, model, anchor, banks, index, ids, exit_step=3, grad=False, seed=2)
+        assert torch.equal(rollout(runner.cell_text), ref)
+        memos.clear()
+        assert torch.equal(rollout(keyed), ref)
+        assert len(memos) == 3  # one per distinct prompt run: cells 0-2, 3-5, 6-8
+        memos.clear()
+        runner.load(model.named_parameters(), version=1)
+        assert torch.equal(rollout(keyed), ref) and len(memos) == 3  # the first cell recomputes
+
+
+def test_a_compiled_replica_rolls_out_within_rounding_without_recompiling():
+    """``compile=True`` (stage 3's ``rollout_compile`` on CUDA; here inductor's CPU code): the block
+    bodies compiled with the KV attention left eager and the layer bound outside, so every block and
+    every window fill level reuse the first compile (dynamo may not recompile at all), and the
+    rollout equals the eager replica's up to floating-point rounding (fusion reorders fp32 sums)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make_model(seed=1)
+    args = _inputs(batch=2, distinct=True)
+    eager = _runner(model, ReplicaMode(), "cpu")
+    compiled = RolloutRunner(model, ReplicaMode(), torch.device("cpu"), compile=True)
+    compiled.load(model.named_parameters(), version=0)
+    assert compiled.compiled
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        ref = _fast_rollout(eager, None, *args, exit_step=3, grad=False, seed=3)
+        got = _fast_rollout(compiled, None, *args, exit_step=3, grad=False, seed=3)
+        again = _fast_rollout(compiled, None, *args, exit_step=3, grad=False, seed=3)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    assert torch.equal(again, got)
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding():
+    """Stage 3's default fast path on CUDA: the compiled replica's forwards captured as CUDA graphs
+    (the compile runs in the capture's warm-up) against the eager replica, FSDP-like bf16 weights:
+    the clip within bf16 rounding (relative max error printed; bound 2e-2), the graphs on and
+    replayed, and a second rollout bit-identical to the first."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch._dynamo.reset()
+    master = make_model(seed=4).cuda()
+    master.check_sem_ids = False
+    mode = ReplicaMode(dtype=torch.bfloat16, autocast=True, cast_inputs=True, fp32_out=True)
+    args = _inputs(batch=1, distinct=True, device="cuda")
+    eager = RolloutRunner(master, mode, torch.device("cuda"), graphs=False)
+    fast = RolloutRunner(master, mode, torch.device("cuda"), graphs=True, compile=True)
+    for r in (eager, fast):
+        r.load(master.named_parameters(), version=0)
+    with torch.no_grad():
+        ref = _fast_rollout(eager, None, *args, exit_step=3, grad=False, seed=5)
+        got = [_fast_rollout(fast, None, *args, exit_step=3, grad=False, seed=5) for _ in range(2)]
+    err = _rel(got[0], ref)
+    print(f"compiled + graphs vs eager replica: max rel {err:.2e}")
+    assert fast.graphs is not None and fast.graphs.disabled is None, fast.graphs.disabled
+    assert fast.graphs.replays > 0
+    assert torch.equal(got[0], got[1])
+    assert err <= 2e-2, err
+    torch._dynamo.reset()
