@@ -748,8 +748,8 @@ SUITES: dict[str, Suite] = {
         "the runs {2} (default none) profiled over one more step, each phase's GPU work apart",
         stages(
             "s3",
-            370,
-            "--runs {1} --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 170 "
+            540,
+            "--runs {1} --steps 2 --warm 1 --s3-steps 2 --s3-blocks 10 --clips-per-run 4 --timeout 240 "
             "--profile={2} --profile-steps 1",
             alloc=True,
         ),

@@ -86,6 +86,7 @@ LEVERS = (
     "graphs_all_defer",
     "graphs_all_defer_stream",
     "graphs_all_cstream",
+    "graphs_all_cstream_compile",
     "graphs_all_fold",
     "graphs_compile",
     "graphs_all_fp8",
@@ -182,6 +183,18 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "decode_graph": True,
             "defer_commit": True,
             **stream,
+        },
+        # the CLI's path with the block bodies compiled (attention eager: one compile for every
+        # fill level) and the full-window key rotation as one compiled kernel
+        "graphs_all_cstream_compile": {
+            "cuda_graphs": True,
+            "decode_fast": True,
+            "decode_graph": True,
+            "decode_dtype": "bf16",
+            "defer_commit": True,
+            "commit_stream": True,
+            "compile": True,
+            "rotate_compile": True,
         },
         # issue 34: graphs_all with FP8 GEMMs in the blocks (models.fp8, on a copy of the bench's
         # model), and graphs with the fast decoder (random weights: its speed, not its picture)

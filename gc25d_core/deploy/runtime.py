@@ -226,7 +226,10 @@ class DeployRuntime:
 
             self.fp8_layers = apply_fp8(model, opts.fp8_skip)
         if opts.compile:
-            model.enable_compile(**({"mode": opts.compile_mode} if opts.compile_mode else {}))
+            # the KV attention eager: one compiled body for every block and window fill level
+            model.enable_compile(
+                eager_attention=True, **({"mode": opts.compile_mode} if opts.compile_mode else {})
+            )
         # one bank of every prompt for the whole session: its text embedding and each block's
         # cross-attention K/V are computed once and shared by every cell (TextContext memo)
         self.keys = sorted(table)
