@@ -95,12 +95,14 @@ LEVERS = (
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
 CUDA_ONLY = set(LEVERS) - set(CPU_LEVERS)
-# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all_cstream),
-# the deferred commit on the one stream (graphs_all_defer), the
+# the live loop's default comparison: the exact path, the CLI's fast path (graphs_all_cstream_compile),
+# it without the compile (graphs_all_cstream: the exact latents), the deferred commit on the one
+# stream (graphs_all_defer), the
 # former one (graphs_all: the commit before the decode), that with the commit folded into the next
 # cell's first forward under the graphs, and the CLI's path with the page's side-stream decode on
 LOOP_LEVERS = (
     "exact",
+    "graphs_all_cstream_compile",
     "graphs_all_cstream",
     "graphs_all_defer",
     "graphs_all_fold",
@@ -921,7 +923,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.out.write_text(json.dumps(result))
         return result
     args.events = args.events if args.events is not None else (60 if args.mode == "serve" else 0)
-    args.serve_lever = args.serve_lever or ("graphs_all_cstream" if args.device == "cuda" else "exact")
+    args.serve_lever = args.serve_lever or (
+        "graphs_all_cstream_compile" if args.device == "cuda" else "exact"
+    )
     args.serve_levers = [x for x in args.serve_lever.split(",") if x]
     for name in args.serve_levers:
         if name not in LEVERS:

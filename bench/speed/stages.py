@@ -126,6 +126,11 @@ def run_overrides(name: str, tiny: bool, exports: dict[str, Path], s3_blocks: in
             if kind != "s3":
                 raise SystemExit(f"+{m} is stage 3's ({field}), not {name!r}'s")
             out[field] = value
+        elif m == "mcompile":  # stage 3: the generator, critic and real score's block bodies compiled
+            if kind != "s3":
+                raise SystemExit(f"+mcompile is stage 3's (model.compile, real.compile), not {name!r}'s")
+            out["model"]["compile"] = True
+            out["real"]["compile"] = True
         elif m in ("overlap", "nooverlap"):  # ZeRO-2's gradient reduction beside the backward, or after it
             out["zero"] = {"overlap_comm": m == "overlap"}
         elif m.startswith("fx"):  # flex kernel options: attention.py's FLEX_VARIANTS["flex_<name>"]

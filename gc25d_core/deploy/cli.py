@@ -33,7 +33,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scene", default=WorldConfig().scene)
     p.add_argument("--world-seed", type=int, default=0)
     p.add_argument("--fold-commit", action="store_true", help="fold each commit into the next forward")
-    p.add_argument("--compile", action="store_true", help="torch.compile the blocks (GPU)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the block bodies (their KV attention eager) and the key rotation (GPU; "
+        "latents within bf16 rounding of the exact path, not bit-identical; default on CUDA)",
+    )
     p.add_argument(
         "--exact",
         action="store_true",
@@ -148,10 +154,11 @@ def session_device(device: str | None, preset_device: str) -> str:
 
 
 def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
-    """The session's options: on CUDA the fast path (CUDA graphs of every cell + the lean bf16
-    decode + its CUDA graph + the commit deferred past the decode and run on a second stream beside
-    it, bench/speed/deploy.py's lever graphs_all_cstream: the exact path's latents, the whole-loop
-    figures) unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
+    """The session's options: on CUDA the fast path (CUDA graphs of every cell over compiled block
+    bodies + the lean bf16 decode + its CUDA graph + the commit deferred past the decode and run on a
+    second stream beside it, bench/speed/deploy.py's lever graphs_all_cstream_compile: the whole-loop
+    figures; latents within bf16 rounding of the exact path, ``--no-compile`` gives them bit for bit)
+    unless ``--exact``; on a CPU the exact path (the levers are GPU ones).
     The side-stream decode runs without the decode graph unless ``--decode-graph`` asks for it
     (the pair is not measured)."""
     if args.fp8_skip and not args.fp8:
@@ -167,6 +174,8 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         )
     if args.fold_commit and args.defer_commit:
         raise ValueError("--fold-commit contradicts --defer-commit (the commit goes one way)")
+    if args.exact and args.compile:
+        raise ValueError("--exact contradicts --compile (the compiled blocks round differently)")
     if args.commit_stream and (args.exact or args.fold_commit):
         raise ValueError("--commit-stream needs the deferred commit (not --exact or --fold-commit)")
     fast = cuda and not args.exact
@@ -176,12 +185,14 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     beside = (
         args.commit_stream if args.commit_stream is not None else fast and defer and not args.decode_stream
     )
+    compiled = args.compile if args.compile is not None else fast
     return RuntimeOptions(
         seed=args.seed,
         fold_commit=args.fold_commit,
         defer_commit=defer or bool(args.commit_stream),
         commit_stream=beside,
-        compile=args.compile,
+        compile=compiled,
+        rotate_compile=compiled and cuda,
         cuda_graphs=args.cuda_graphs or fast,
         decode_dtype="bf16" if decode_fast else "fp32",
         decode_fast=decode_fast,

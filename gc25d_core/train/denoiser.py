@@ -90,6 +90,7 @@ class DenoiserRun(StageRun):
     ema: Ema | None = None  # a stage that keeps one sets it in build: saved, updated and exported here
     # the kind of export an export / hand-off init must be: causal (True), bidirectional (False), either
     init_causal: bool | None = None
+    kv_forwards = False  # the trained model also runs KV-cache forwards (stage 3's rollouts)
     # what a step sums over micro-batches and ranks: kept on the device (one sync per step) / on the
     # host; the host's "data_s" (the wait for each micro-batch) is added by the step
     DEVICE_SUMS: tuple[str, ...] = ("loss", "mse", "sem_rms", "x_rms", "grad_norm")
@@ -133,6 +134,7 @@ class DenoiserRun(StageRun):
             self.engine.build_dtype,
             section=f"{self.name}.model",
             causal=self.init_causal,
+            kv_forwards=self.kv_forwards,
         )
         self.dit_config = model.gc_config
         groups = lambda m: param_groups(m, sec.optim.lr, sec.optim.cond_lr)  # noqa: E731

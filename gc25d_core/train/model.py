@@ -137,9 +137,11 @@ def build_model(
     *,
     section: str = "model",
     causal: bool | None = None,
+    kv_forwards: bool = False,
 ):
     """The init: random (seeded, same on every rank), Wan2.2 shards + fresh gc_sem_cond, or an export
-    (``section`` names the config field in errors; ``causal``: what kind of export the stage needs)."""
+    (``section`` names the config field in errors; ``causal``: what kind of export the stage needs;
+    ``kv_forwards``: the model also runs KV-cache forwards)."""
     from gc25d_core.models.configs import build_gcdit
 
     if m.init == "random":
@@ -173,7 +175,9 @@ def build_model(
     model.attn_backend = m.attn_backend
     model.flex_options = dict(m.flex_options)
     if m.compile:
-        model.enable_compile()
+        # a model that also runs KV forwards (stage 3's generator) keeps its attention eager: the
+        # cache's key length changes with the window fill level
+        model.enable_compile(eager_attention=kv_forwards)
     return model.train()
 
 

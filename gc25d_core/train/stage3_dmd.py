@@ -96,6 +96,7 @@ class Stage3Run(SelfRollout, CausalRun):
     name = "stage3_dmd"
     section: Stage3Config
     init_causal = True  # the generator: stage 2's EMA export
+    kv_forwards = True  # its rollouts
 
     def build(self, resume: ResumePoint) -> None:
         from gc25d_core.index import read_index
