@@ -91,6 +91,7 @@ LEVERS = (
     "graphs_compile",
     "graphs_all_fp8",
     "graphs_fastdec",
+    "graphs_all_cstream_compile_fastdec",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -208,6 +209,16 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "fp8": True,
         },
         "graphs_fastdec": {"cuda_graphs": True, "decode_dtype": "bf16", "decoder": "fast"},
+        # the CLI's path with the fast decoder (--decoder fast) in place of the VAE
+        "graphs_all_cstream_compile_fastdec": {
+            "cuda_graphs": True,
+            "decode_dtype": "bf16",
+            "decoder": "fast",
+            "defer_commit": True,
+            "commit_stream": True,
+            "compile": True,
+            "rotate_compile": True,
+        },
     }
     return options[name]
 
