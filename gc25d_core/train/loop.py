@@ -249,12 +249,13 @@ class StageRun:
         return self._finish(start_step, step, target, last_val)
 
     def _finish(self, start_step: int, step: int, target: int, last_val: dict[str, float]) -> dict[str, Any]:
-        from gc25d_core.handoff import write_handoff
+        from gc25d_core.handoff import runs_relative, write_handoff
 
         exports = sorted(p.name for p in self.export_dir.glob("step-*.safetensors"))
         summary: dict[str, Any] = {
             "stage": self.name,
-            "run_dir": str(self.run_dir),
+            # relative to the runs root: the record stays true when the runs root moves
+            "run_dir": runs_relative(self.run_dir, self.cfg.paths.runs_root),
             "final_step": step,
             "target_step": target,
             "max_steps": self.section.max_steps,
