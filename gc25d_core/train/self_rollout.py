@@ -121,10 +121,10 @@ class SelfRollout:
 
         def text(cell: int) -> TextContext:
             # unbound: the forward binds it to the (possibly sharded) text embedding
-            bank = self.text.context([[k[cell]] for k in keys])
+            raw, index = self.text.context([[k[cell]] for k in keys])
             if fast is None:
-                return TextContext.build(*bank)
-            return fast.cell_text(*bank, key=tuple(k[cell] for k in keys))
+                return TextContext.build(raw, index)
+            return fast.cell_text(raw, index, key=tuple(k[cell] for k in keys))
 
         # the clip's ids on the device at once (one copy per rollout, not a pinned copy per cell)
         ids_dev = to_device(ids[:, : cell_frame_slice(cells - 1).stop], self.device)
