@@ -131,6 +131,9 @@ def tail_stats(xs: list[float]) -> dict[str, float] | None:
 
 def lever_options(name: str, cuda: bool) -> dict[str, Any]:
     stream = {"decode_dtype": "bf16", "decode_stream": cuda}
+    graphs_all = {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, "decode_dtype": "bf16"}
+    cstream = {**graphs_all, "defer_commit": True, "commit_stream": True}
+    compiled = {"compile": True, "rotate_compile": True}
     options: dict[str, dict[str, Any]] = {
         "exact": {},
         "compile": {"compile": True, "fused_rmsnorm": True},
@@ -144,12 +147,7 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         "graphs_vae": {"cuda_graphs": True, "decode_dtype": "bf16", "decode_fast": True},
         "graphs_vae_stream": {"cuda_graphs": True, "decode_fast": True, **stream},
         "graphs_fast": {"cuda_graphs": True, "rotate_compile": True, "decode_fast": True, **stream},
-        "graphs_all": {
-            "cuda_graphs": True,
-            "decode_fast": True,
-            "decode_graph": True,
-            "decode_dtype": "bf16",
-        },
+        "graphs_all": graphs_all,
         "graphs_compile": {
             "cuda_graphs": True,
             "compile": True,
@@ -158,28 +156,9 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             **stream,
         },
         "graphs_all_stream": {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, **stream},
-        "graphs_all_defer": {
-            "cuda_graphs": True,
-            "decode_fast": True,
-            "decode_graph": True,
-            "decode_dtype": "bf16",
-            "defer_commit": True,
-        },
-        "graphs_all_cstream": {
-            "cuda_graphs": True,
-            "decode_fast": True,
-            "decode_graph": True,
-            "decode_dtype": "bf16",
-            "defer_commit": True,
-            "commit_stream": True,
-        },
-        "graphs_all_fold": {
-            "cuda_graphs": True,
-            "decode_fast": True,
-            "decode_graph": True,
-            "decode_dtype": "bf16",
-            "fold_commit": True,
-        },
+        "graphs_all_defer": {**graphs_all, "defer_commit": True},
+        "graphs_all_cstream": cstream,
+        "graphs_all_fold": {**graphs_all, "fold_commit": True},
         "graphs_all_defer_stream": {
             "cuda_graphs": True,
             "decode_fast": True,
@@ -189,25 +168,10 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         },
         # the CLI's path with the block bodies compiled (attention eager: one compile for every
         # fill level) and the full-window key rotation as one compiled kernel
-        "graphs_all_cstream_compile": {
-            "cuda_graphs": True,
-            "decode_fast": True,
-            "decode_graph": True,
-            "decode_dtype": "bf16",
-            "defer_commit": True,
-            "commit_stream": True,
-            "compile": True,
-            "rotate_compile": True,
-        },
+        "graphs_all_cstream_compile": {**cstream, **compiled},
         # issue 34: graphs_all with FP8 GEMMs in the blocks (models.fp8, on a copy of the bench's
         # model), and graphs with the fast decoder (random weights: its speed, not its picture)
-        "graphs_all_fp8": {
-            "cuda_graphs": True,
-            "decode_fast": True,
-            "decode_graph": True,
-            "decode_dtype": "bf16",
-            "fp8": True,
-        },
+        "graphs_all_fp8": {**graphs_all, "fp8": True},
         "graphs_fastdec": {"cuda_graphs": True, "decode_dtype": "bf16", "decoder": "fast"},
         # the CLI's path with the fast decoder (--decoder fast) in place of the VAE
         "graphs_all_cstream_compile_fastdec": {
@@ -216,8 +180,7 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "decoder": "fast",
             "defer_commit": True,
             "commit_stream": True,
-            "compile": True,
-            "rotate_compile": True,
+            **compiled,
         },
     }
     return options[name]
