@@ -267,3 +267,19 @@ def test_benchmark_table_commands_name_modules_that_exist():
         assert _module_file(mod), f"docs/benchmarks.md: no module {mod}"
     for path in re.findall(r"\bbench/[\w/]+\.(?:py|sh)\b", text):
         assert (ROOT / path).is_file(), f"docs/benchmarks.md: {path} does not exist"
+
+
+def test_the_deploy_suites_default_levers_are_the_loop_benchs():
+    """The suite spells the loop bench's lever list (its runner starts before the wheels that
+    module's imports need are installed): the two stay equal, exact first in the bench's."""
+    from bench.speed.deploy import LOOP_LEVERS
+
+    assert LOOP_LEVERS[0] == "exact"
+    assert suites.DEPLOY_LEVERS.split(",") == list(LOOP_LEVERS[1:])
+
+
+def test_the_suite_runner_imports_no_package_the_gpu_image_lacks():
+    """`python -m bench.suites` installs .whl/ before its steps: its own imports must not need it."""
+    code = "import sys, bench.suites; print(sorted(m for m in ('pydantic', 'diffsynth', 'deepspeed', 'dagster') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
