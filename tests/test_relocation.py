@@ -114,3 +114,20 @@ def test_a_moved_runs_root_resumes_plays_and_evaluates(tmp_path, monkeypatch, ca
     cases, clips = load_cases(again, ecfg, None)
     result = evaluate_export(export, again, ecfg, cases, Reference(clips, None))
     assert result["sweeps"]["clip28"]["num_cases"] == 1
+
+
+def test_an_eval_export_is_recorded_relative_to_the_runs_root_and_located_under_it(tmp_path):
+    from gc25d_core.eval.spec import EvalExport
+
+    root = tmp_path / "runs"
+    export = EvalExport(
+        "stage1_tf", root / "stage1_tf" / "v1" / "exports" / "step-4.safetensors", None, "x", 4
+    )
+    recorded = export.relative_to(root)
+    assert recorded.path == Path("stage1_tf/v1/exports/step-4.safetensors")
+    moved = recorded.located(tmp_path / "moved")
+    assert moved.path == tmp_path / "moved" / "stage1_tf" / "v1" / "exports" / "step-4.safetensors"
+    assert moved.recorded == "stage1_tf/v1/exports/step-4.safetensors"
+    outside = EvalExport("x", tmp_path / "elsewhere.safetensors", None, "x", 1)
+    assert outside.relative_to(root).path == outside.path  # outside the runs root: as given
+    assert outside.located(root).path == outside.path

@@ -92,6 +92,7 @@ LEVERS = (
     "graphs_all_fp8",
     "graphs_fastdec",
     "graphs_all_cstream_compile_fastdec",
+    "graphs_all_cstream_compile_fp8",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -172,6 +173,8 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         # issue 34: graphs_all with FP8 GEMMs in the blocks (models.fp8, on a copy of the bench's
         # model), and graphs with the fast decoder (random weights: its speed, not its picture)
         "graphs_all_fp8": {**graphs_all, "fp8": True},
+        # FP8 with its activation quantisation fused by the compile (eager, it cost more than it saved)
+        "graphs_all_cstream_compile_fp8": {**cstream, **compiled, "fp8": True},
         "graphs_fastdec": {"cuda_graphs": True, "decode_dtype": "bf16", "decoder": "fast"},
         # the CLI's path with the fast decoder (--decoder fast) in place of the VAE
         "graphs_all_cstream_compile_fastdec": {

@@ -372,7 +372,7 @@ def export_doc(export: EvalExport) -> dict[str, Any]:
     """An export as the results name it."""
     return {
         "label": export.label,
-        "path": str(export.path),
+        "path": export.recorded or str(export.path),
         "sha256": export.sha256,
         "stage": export.stage,
         "step": export.step,

@@ -156,7 +156,8 @@ def run_eval(
     run_dir = Path(run_dir)
     spec = read_model(run_dir, INPUT_FILE, EvalInput)
     ecfg, rank, world = spec.eval, global_rank(), world_size()
-    exports, skipped = without_deployed_copies(list(spec.exports), spec.not_evaluated)
+    located = [e.located(cfg.paths.runs_root) for e in spec.exports]
+    exports, skipped = without_deployed_copies(located, spec.not_evaluated)
     exports = [with_sha256(e) for e in exports]
     first: dict[str | None, EvalExport] = {}
     for e in exports:  # one evaluation per SHA256: a second label of the same weights reuses it

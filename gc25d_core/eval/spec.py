@@ -9,7 +9,7 @@ the step process reads hand-off files and these two files only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -59,13 +59,29 @@ class EvalConfig(Strict):
 
 @dataclass(frozen=True)
 class EvalExport:
-    """One export to evaluate: ``label`` names it in the reports (stage, or stage_ema)."""
+    """One export to evaluate: ``label`` names it in the reports (stage, or stage_ema). The eval
+    asset writes ``eval_input.json`` with ``path`` relative to the runs root (``relative_to``: the
+    file stays true when the runs root moves); the job ``located`` it before reading it."""
 
     label: str
     path: Path
     sha256: str | None
     stage: str
     step: int
+    recorded: str | None = None  # the path as eval_input.json names it (set by ``located``)
+
+    def located(self, runs_root: Path | str) -> EvalExport:
+        """The export with its file's path under ``runs_root`` (an absolute path stays as it is),
+        keeping the name it was given as ``recorded``."""
+        path = self.path if self.path.is_absolute() else Path(runs_root) / self.path
+        return replace(self, path=path, recorded=str(self.path))
+
+    def relative_to(self, runs_root: Path | str) -> EvalExport:
+        """The export named relative to ``runs_root`` where its file lies inside it (as
+        ``eval_input.json`` records it)."""
+        from gc25d_core.handoff import runs_relative
+
+        return replace(self, path=Path(runs_relative(self.path, runs_root)))
 
 
 def exports_of_handoff(label: str, handoff: Path, runs_root: Path | str) -> list[EvalExport]:

@@ -45,9 +45,10 @@ def world(tmp_path_factory):
     cfg = with_random_vae(eval_world(root))
     sft = exports_of_handoff("sft", random_teacher(cfg, root), root)
     stage1 = exports_of_handoff("stage1_tf", random_teacher(cfg, root, causal=True), root)
-    spec = EvalInput(
-        manifest_version=1, eval=SPEC, exports=sft + stage1, not_evaluated=["stage2_cd: no file"]
-    )
+    # as the eval asset writes them: named relative to the runs root
+    exports = [e.relative_to(cfg.paths.runs_root) for e in sft + stage1]
+    assert not any(e.path.is_absolute() for e in exports)
+    spec = EvalInput(manifest_version=1, eval=SPEC, exports=exports, not_evaluated=["stage2_cd: no file"])
     return root, cfg, spec
 
 
@@ -86,6 +87,8 @@ def test_two_ranks_write_the_files_of_one_and_a_relaunch_keeps_what_was_evaluate
     assert doc["sweeps"]["clip28"]["num_cases"] == 2 and doc["sweeps"]["chain241"]["num_cases"] == 1
     assert doc["sweeps"]["live240"]["action"]["frames_before_that_differ"] == 0  # causal
     assert report_files(two) == first
+    for name in ("eval_input.json", "summary.json", "stage1_tf/metrics.json", "sft/metrics.json"):
+        assert str(root) not in (one / name).read_text(), f"{name} names the runs root's absolute path"
     out = json.loads((two / "eval_output.json").read_text())
     assert out["computed"] == {"clip28": 4, "chain241": 2, "live240": 3} and out["kept"] == []
 

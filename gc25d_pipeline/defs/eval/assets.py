@@ -32,7 +32,7 @@ from gc25d_core.eval.spec import (
     read_model,
     write_model,
 )
-from gc25d_core.handoff import FINAL
+from gc25d_core.handoff import FINAL, runs_relative
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
@@ -88,10 +88,11 @@ def available_exports(
     for src in EVAL_SOURCES:
         path = project.run_dir(cfg, run_folder_of(src.asset), context) / src.file
         if not path.is_file():
-            skipped.append(f"{src.label}: no {path}")
+            skipped.append(f"{src.label}: no {runs_relative(path, cfg.paths.runs_root)}")
             continue
         try:
-            exports += exports_of_handoff(src.label, path, cfg.paths.runs_root)
+            found = exports_of_handoff(src.label, path, cfg.paths.runs_root)
+            exports += [e.relative_to(cfg.paths.runs_root) for e in found]
         except ConfigError as e:
             raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
     return exports, skipped
