@@ -422,10 +422,11 @@ class Bench(DeviceBench):
         a = self.args
         reset_model(self.model)
         opts = RuntimeOptions(seed=0, **lever_options(name, self.cuda))
-        out: dict[str, Any] = {"options": opts.model_dump(), "world_renderer": a.world}
+        out: dict[str, Any] = {"options": opts.model_dump()}
         t0 = time.perf_counter()
         rt = self.runtime(DeployRuntime, opts)
         world = LiveWorld(WorldConfig(renderer=a.world), self.geo, device=self.dev)
+        out["world_renderer"] = world.renderer  # auto: torch on a GPU, numpy on a CPU
         session = LiveSession(rt, world, self.vae)
         session.prepare()
         self.sync()
@@ -860,7 +861,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="cells timed per part, synchronised (default: loop 60, steady 8)",
     )
-    p.add_argument("--world", choices=("torch", "numpy"), default="torch", help="the loop's world renderer")
+    p.add_argument(
+        "--world",
+        choices=("auto", "torch", "numpy"),
+        default="auto",
+        help="the loop's world renderer (auto, the session's default: torch on a GPU, numpy on a CPU)",
+    )
     p.add_argument("--action-seed", type=int, default=0, help="seed of the loop's action stream")
     p.add_argument(
         "--world-check", type=int, default=None, help="loop cells checked vs the numpy world (default: all)"

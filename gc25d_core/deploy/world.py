@@ -14,9 +14,11 @@ What a cell reveals for the first time is the model's to invent; from the next c
 the world's ids. Sky (content at infinity, in the anchor's view) is always known; characters are
 never masked (as in training).
 
-Two renderers give these ids: ``renderer="torch"`` (the default: ``codeworld.torch_render``, the
-cell's 4 frames as batched tensor ops on the session's device, ids stay there) and
-``renderer="numpy"`` (the reference: the data generator's CPU ray cast, one frame at a time).
+Two renderers give these ids: ``renderer="torch"`` (``codeworld.torch_render``, the cell's 4
+frames as batched tensor ops on the session's device, ids stay there) and ``renderer="numpy"``
+(the reference: the data generator's CPU ray cast, one frame at a time). The default, ``auto``,
+takes torch on a GPU and numpy on a CPU, where the ray cast is the faster of the two (at the
+embedded default's 128×64 on one thread: 31 ms a cell against 82 ms).
 The torch ids agree with the reference on ≥ 99.9 % of pixels (tests/deploy/test_world_torch.py).
 """
 
@@ -58,9 +60,10 @@ class WorldConfig(Strict):
     camera: str = Field(default="tp_default", description=f"camera variant: {sorted(CAMERA_VARIANTS)}")
     framed: bool = Field(default=False, description="P9-style lagging, drifting camera aim")
     seen_cell_cm: float = Field(default=100.0, gt=0, description="grid of the seen-world memory")
-    renderer: Literal["torch", "numpy"] = Field(
-        default="torch",
-        description="ids renderer: torch on the session's device, or numpy on the CPU (the reference)",
+    renderer: Literal["auto", "torch", "numpy"] = Field(
+        default="auto",
+        description="ids renderer: torch on the session's device, or numpy on the CPU (the reference); "
+        "auto: torch on a GPU, numpy on a CPU (the same ids; numpy is the faster one there)",
     )
 
     def run_spec(self) -> RunSpec:
@@ -128,7 +131,10 @@ class LiveWorld:
         self.memory = SeenMemory(cfg.seen_cell_cm)
         self.torch: TorchWorldRenderer | None = None
         self.grid: SeenGrid | None = None
-        if cfg.renderer == "torch":
+        self.renderer = cfg.renderer
+        if self.renderer == "auto":
+            self.renderer = "torch" if torch.device(device).type == "cuda" else "numpy"
+        if self.renderer == "torch":
             self.torch = TorchWorldRenderer(geometry, device, dtype, cfg.seen_cell_cm)
             self.grid = SeenGrid(self.torch.n, self.torch.device)
         dev = self.torch.device if self.torch is not None else None

@@ -38,7 +38,7 @@ def test_torch_world_matches_the_reference_over_240_cells():
     torch.manual_seed(0)
     blocks = varied_blocks(240)
     ref = play(LiveWorld(WorldConfig(renderer="numpy"), REDUCED), blocks)
-    got_world = LiveWorld(WorldConfig(), REDUCED, device="cpu")
+    got_world = LiveWorld(WorldConfig(renderer="torch"), REDUCED, device="cpu")
     got = play(got_world, blocks)
     frac = agreement(ref, got)
     print(f"\ntorch vs numpy world ids, 240 cells at 64x32: {frac:.6f} of pixels agree")
@@ -56,13 +56,13 @@ def test_torch_world_matches_the_reference_over_240_cells():
 def test_torch_world_float32_and_unculled_match_on_the_tiny_frame():
     blocks = varied_blocks(12, seed=1)
     ref = play(LiveWorld(WorldConfig(renderer="numpy"), TINY_GEOMETRY), blocks)
-    f32 = play(LiveWorld(WorldConfig(), TINY_GEOMETRY, dtype=torch.float32), blocks)
+    f32 = play(LiveWorld(WorldConfig(renderer="torch"), TINY_GEOMETRY, dtype=torch.float32), blocks)
     assert agreement(ref, f32) >= 0.999
     # culling (frame-level primitive boxes, the capsule window) is exact: no culling, same ids
     from gc25d_core.codeworld.camera import camera_matrices
 
     g = TINY_GEOMETRY
-    world = LiveWorld(WorldConfig(seed=3), g)
+    world = LiveWorld(WorldConfig(seed=3, renderer="torch"), g)
     world.reset(with_rgb=False)
     assert world.stepper is not None and world.torch is not None
     for blk in blocks[:4]:
@@ -181,3 +181,13 @@ def test_cuda_world_renders_beside_a_busy_caller_stream():
     torch.cuda.synchronize()
     assert all(np.array_equal(x, y) for x, y in zip(want, got, strict=True))
     assert overlapped == len(blocks)
+
+
+def test_the_default_renderer_is_torch_on_a_gpu_and_numpy_on_a_cpu():
+    """``auto`` (the default): the ray cast on a CPU, where it is the faster of the two; a GPU
+    session renders with torch on its device."""
+    assert LiveWorld(WorldConfig(), TINY_GEOMETRY, device="cpu").renderer == "numpy"
+    assert LiveWorld(WorldConfig(), TINY_GEOMETRY, device="cpu").torch is None
+    assert LiveWorld(WorldConfig(renderer="torch"), TINY_GEOMETRY, device="cpu").renderer == "torch"
+    if torch.cuda.is_available():
+        assert LiveWorld(WorldConfig(), TINY_GEOMETRY, device="cuda").renderer == "torch"
