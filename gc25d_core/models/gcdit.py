@@ -183,32 +183,20 @@ def cross_attention(cross_attn: Any, x: torch.Tensor, text: TextContext) -> torc
     return cross_attn.o(out.reshape(b, length, d))
 
 
-def _attend(
-    attn: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-    layer: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-) -> torch.Tensor:
-    return attn(layer, q, k, v)
-
-
-# A compiled block body's self-attention left to eager: a KV cache's attention sees another key
-# length at every window fill level and writes the cache's buffers in place, so traced into the body
-# it would recompile per fill level (past dynamo's recompile limit); as a graph break the body's two
-# halves keep one shape per cell size.
-_attend_eager = torch.compiler.disable(_attend)
-
-
 class _LayerAttention:
-    """A block's attention with its layer bound outside the compiled body: dynamo specialises a
-    plain int argument, so passing ``layer`` in would compile the body once per block."""
+    """A block's self-attention for a compiled body, left to eager with its layer bound outside:
+    a KV cache's attention sees another key length at every window fill level and writes the
+    cache's buffers in place, so traced into the body it would recompile per fill level (past
+    dynamo's recompile limit), and dynamo specialises a plain int argument, so passing ``layer``
+    in would compile the body once per block. As a graph break the body's two halves keep one
+    shape per cell size."""
 
     def __init__(
         self, attn: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor], layer: int
     ):
         self.attn, self.layer = attn, layer
 
+    @torch.compiler.disable
     def __call__(self, _layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.attn(self.layer, q, k, v)
 
@@ -220,7 +208,6 @@ def block_forward(
     t_mod: torch.Tensor,
     attn: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     layer: int,
-    attend: Callable[..., torch.Tensor] = _attend,
 ) -> torch.Tensor:
     """``DiTBlock.forward`` with self-attention via ``attn`` and the modulation of token groups:
     ``t_mod`` [B, G, 6, dim] modulates G equal runs of tokens (G = L: per token, DiffSynth's layout;
@@ -244,27 +231,23 @@ def block_forward(
     q = sa.norm_q(sa.q(h))
     k = sa.norm_k(sa.k(h))
     v = sa.v(h)
-    x = flat(block.gate(grouped(x), gate_msa, grouped(sa.o(attend(attn, layer, q, k, v)))))
+    x = flat(block.gate(grouped(x), gate_msa, grouped(sa.o(attn(layer, q, k, v)))))
     x = x + cross_attention(block.cross_attn, block.norm3(x), text)
     h = flat(modulate(grouped(block.norm2(x)), shift_mlp, scale_mlp))
     return flat(block.gate(grouped(x), gate_mlp, grouped(block.ffn(h))))
 
 
-def _body_eager_attention(block: Any, x: torch.Tensor, text: TextContext, t_mod: torch.Tensor, attn: Any):
-    return block_forward(block, x, text, t_mod, attn, 0, attend=_attend_eager)
-
-
 class _CompiledBodyEagerAttention:
     """A block body compiled once for every block and every window fill level: the attention
-    (bound to its layer) runs eagerly between the two compiled halves."""
+    (``_LayerAttention``) runs eagerly between the two compiled halves."""
 
     def __init__(self, **kwargs: Any):
-        self.fn = torch.compile(_body_eager_attention, **kwargs)
+        self.fn = torch.compile(block_forward, **kwargs)
 
     def __call__(
         self, block: Any, x: torch.Tensor, text: TextContext, t_mod: torch.Tensor, attn: Any, layer: int
     ):
-        return self.fn(block, x, text, t_mod, _LayerAttention(attn, layer))
+        return self.fn(block, x, text, t_mod, _LayerAttention(attn, layer), 0)
 
 
 class GcDiTBlock(DiTBlock):
