@@ -24,12 +24,13 @@ most; the stage's own ``time_phases`` does the same). Stage 3 also records the s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import runpy
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,6 +53,19 @@ class Phases:
         self.s[key] = self.s.get(key, 0.0) + dt
         self.n[key] = self.n.get(key, 0) + 1
 
+    @contextlib.contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        """The body's seconds, synced at both ends, add to ``key``; in a profiled step the body is
+        the trace's range ``phase:<key>`` (train.gpu_trace.phase_summary reads it)."""
+        t0 = _sync()
+        with torch.profiler.record_function(PHASE_PREFIX + key):
+            yield
+            t1 = _sync()
+        self.add(key, t1 - t0)
+
+
+_ACTIVE: list[Phases] = []  # the timed step's phases (empty outside a timed step)
+
 
 def _timed(cls: type, name: str, label: Callable[..., str] | str) -> None:
     """Wrap ``cls.name`` so that, inside a timed step, its seconds add to the phase ``label``."""
@@ -59,22 +73,12 @@ def _timed(cls: type, name: str, label: Callable[..., str] | str) -> None:
 
     @functools.wraps(orig)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ph: Phases | None = getattr(self, "_bench_phases", None)
-        if ph is None:
+        if not _ACTIVE:
             return orig(self, *args, **kwargs)
-        key = label if isinstance(label, str) else label(self, *args, **kwargs)
-        t0 = _sync()
-        # the phase's range in a profiled step's trace (train.gpu_trace.phase_summary reads it)
-        with torch.profiler.record_function(PHASE_PREFIX + key):
-            out = orig(self, *args, **kwargs)
-            t1 = _sync()
-        ph.add(key, t1 - t0)
-        return out
+        with _ACTIVE[-1].timed(label if isinstance(label, str) else label(self, *args, **kwargs)):
+            return orig(self, *args, **kwargs)
 
     setattr(cls, name, wrapper)
-
-
-_ACTIVE: list[Phases] = []  # the timed step's phases, for hooks outside the run's own methods
 
 
 def _timed_grad_forwards() -> None:
@@ -88,12 +92,8 @@ def _timed_grad_forwards() -> None:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _ACTIVE or not torch.is_grad_enabled():
             return orig(self, *args, **kwargs)
-        t0 = _sync()
-        with torch.profiler.record_function(PHASE_PREFIX + "exit_fwd_grad"):
-            out = orig(self, *args, **kwargs)
-            t1 = _sync()
-        _ACTIVE[-1].add("exit_fwd_grad", t1 - t0)
-        return out
+        with _ACTIVE[-1].timed("exit_fwd_grad"):
+            return orig(self, *args, **kwargs)
 
     _Route.__call__ = call  # type: ignore[method-assign]
 
@@ -105,7 +105,7 @@ def _timed_step(cls: type) -> None:
     def train_step(self: Any, step: int) -> dict[str, float]:
         cuda = torch.cuda.is_available()
         mem0 = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
-        self._bench_phases = ph = Phases()
+        ph = Phases()
         _ACTIVE.append(ph)
         t0 = _sync()
         try:
@@ -113,7 +113,6 @@ def _timed_step(cls: type) -> None:
                 return orig(self, step)
         finally:
             dt = _sync() - t0
-            self._bench_phases = None
             _ACTIVE.remove(ph)
             if self.rank == 0:
                 rec = {
@@ -140,32 +139,14 @@ def _stage2_velocity(cls: type) -> None:
         label = "teacher_fwd" if module is self.teacher else "ema_fwd"
 
         def timed_v(x_t: torch.Tensor, t: float) -> torch.Tensor:
-            ph: Phases | None = getattr(self, "_bench_phases", None)
-            if ph is None:
+            if not _ACTIVE:
                 return v(x_t, t)
-            t0 = _sync()
-            out = v(x_t, t)
-            ph.add(label, _sync() - t0)
-            return out
+            with _ACTIVE[-1].timed(label):
+                return v(x_t, t)
 
         return timed_v
 
     cls._velocity = _velocity
-
-
-def _device_sums_shim() -> None:
-    """Stage 3's ``train_step`` adds CPU zeros (``torch.zeros(())``) beside the CUDA critic loss to its
-    device sums, which ``torch.stack`` refuses on CUDA (gc25d_core/train/stage3_dmd.py, seen
-    2026-12-01 on an H200): the bench moves each value to the sums' device first. A bench-side
-    stand-in until the stage does it; it changes no value."""
-    from gc25d_core.train.metrics import StepSums
-
-    orig = StepSums.add_device
-
-    def add_device(self: Any, values: Any) -> None:
-        orig(self, [v.to(self.device) for v in values])
-
-    StepSums.add_device = add_device
 
 
 def install(stage: str) -> None:
@@ -185,7 +166,6 @@ def install(stage: str) -> None:
     if stage == "stage2_cd":
         _stage2_velocity(Run)
     if stage == "stage3_dmd":
-        _device_sums_shim()
         _timed_grad_forwards()
         _timed(
             Run,
