@@ -63,6 +63,17 @@ def torchrun(
     return rc, time.perf_counter() - t0
 
 
+def exit_on_failed_runs(rcs: dict[str, int]) -> None:
+    """After a bench's summary: any run that failed or ran past its limit (exit code 124) fails the
+    bench, naming each, so a suite around it cannot pass on a run that measured nothing."""
+    bad = {name: rc for name, rc in rcs.items() if rc != 0}
+    if bad:
+        raise SystemExit(
+            "runs failed: "
+            + ", ".join(f"{n} ({'timed out' if rc == 124 else f'exit {rc}'})" for n, rc in bad.items())
+        )
+
+
 def dit_flops(
     block_params: int, tokens: int, dim: int, layers: int, text_len: int, train: bool = True
 ) -> float:

@@ -283,3 +283,13 @@ def test_the_suite_runner_imports_no_package_the_gpu_image_lacks():
     code = "import sys, bench.suites; print(sorted(m for m in ('pydantic', 'diffsynth', 'deepspeed', 'dagster') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_bench_with_a_failed_or_timed_out_run_exits_non_zero():
+    """bench/speed/stages.py and sft.py end with ``exit_on_failed_runs`` over their runs' exit codes:
+    a run past its limit (124) or failing makes the bench, and the suite step around it, fail."""
+    from bench.common import exit_on_failed_runs
+
+    exit_on_failed_runs({"s3": 0, "s3+module": 0})  # all ran: returns
+    with pytest.raises(SystemExit, match=r"runs failed: s3 \(timed out\), sft \(exit 1\)"):
+        exit_on_failed_runs({"s3": 124, "s3+module": 0, "sft": 1})

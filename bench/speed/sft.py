@@ -28,7 +28,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, bench_env, dit_flops, emit, mfu, short_run, torchrun, torchrun_bench_args
+from bench.common import (
+    ROOT,
+    bench_env,
+    dit_flops,
+    emit,
+    exit_on_failed_runs,
+    mfu,
+    short_run,
+    torchrun,
+    torchrun_bench_args,
+)
 
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
@@ -327,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
             print(tail(log), flush=True)
         summary["plain_zero2"] = res
     emit(**summary)
+    exit_on_failed_runs({name: r["rc"] for name, r in summary.items() if isinstance(r, dict) and "rc" in r})
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from bench.common import (
     ROOT,
     bench_env,
     emit,
+    exit_on_failed_runs,
     forward_flops,
     mfu,
     short_run,
@@ -526,6 +527,7 @@ def main(argv: list[str] | None = None) -> None:
             print("\n".join((prof / "ops.txt").read_text().splitlines()[:24]), flush=True)
         summary[name] = {k: v for k, v in res.items() if k not in ("draws", "step_s", "phase_n")}
     emit(**summary)
+    exit_on_failed_runs({name: r["rc"] for name, r in summary.items() if isinstance(r, dict) and "rc" in r})
 
 
 if __name__ == "__main__":
