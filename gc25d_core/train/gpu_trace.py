@@ -113,9 +113,10 @@ HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
 def phase_summary(trace: Mapping[str, Any], prefix: str = PHASE_PREFIX, top: int = 12) -> dict[str, Any]:
     """Per labelled host range (``torch.profiler.record_function(prefix + label)``, the bench's phase
     timer brackets each with a device sync): how often it ran, its wall seconds, the GPU's busy
-    seconds inside it (union over streams), the device seconds per kind of work and its ``top``
-    kernels by device time and its ``top`` host calls. A range's device work is what starts inside it: with the sync at its
-    end, that is the work it launched. Ranges nested in a range of another label count for both."""
+    seconds inside it (union over streams), the device seconds per kind of work, its ``top`` kernels
+    by device time and its ``top`` host calls. A range's device work is what starts inside it: with
+    the sync at its end, that is the work it launched. Ranges nested in a range of another label
+    count for both."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     windows: dict[str, list[tuple[float, float]]] = {}
     for e in events:
