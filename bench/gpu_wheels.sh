@@ -8,9 +8,9 @@ PY=.venv/bin/python
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo /.whl/ >> .git/info/exclude; }
 mkdir -p .whl
 # pydantic's, diffsynth's and deepspeed's needs that the image lacks; the live page's server; dagster-pipes
-# for the torchrun jobs' reports; cryptography comes with modelscope-hub's import chain only at download
+# for the torchrun jobs' reports; cryptography (cffi, pycparser) for modelscope-hub's import chain
 names=(pydantic pydantic-core annotated-types typing-inspection diffsynth modelscope modelscope-hub ftfy wcwidth
-  deepspeed hjson starlette uvicorn websockets dagster-pipes)
+  deepspeed hjson starlette uvicorn websockets dagster-pipes cryptography cffi pycparser)
 pins=()
 for n in "${names[@]}"; do
   v=$("$PY" -m pip show "$n" 2>/dev/null | sed -n 's/^Version: //p')
@@ -20,7 +20,7 @@ done
 pins+=("torchao==${TORCHAO_VERSION:-0.18.0}")  # the optional fp8 extra: not in the CPU venv
 for pin in "${pins[@]}"; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$pin" 2>/dev/null \
     || "$PY" -m pip download -q --no-deps -d .whl "$pin"
 done
