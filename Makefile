@@ -34,11 +34,15 @@ setup:
 # export → eval. Prints the teacher's validation figures (cond vs uncond at t=500 / 800) and the
 # eval table across the chain.
 CHAIN := key:cache_snapshot+
+# make run's steps run one after another inside the launch's process (the in-process executor): a
+# step's own process would spend seconds importing the code location before it starts, on every
+# step of a rerun that has nothing to do; the heavy work is in torchrun jobs either way
+IN_PROCESS := --config-json '{"execution": {"config": {"in_process": {}}}}'
 run: instance
 	$(PY) -m gc25d_pipeline.cli check-config
-	$(DG) launch --job full_chain
+	$(DG) launch --job full_chain $(IN_PROCESS)
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
-	$(DG) launch --assets $(CHAIN) --partition $$snap && \
+	$(DG) launch --assets $(CHAIN) --partition $$snap $(IN_PROCESS) && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap && \
 	$(PY) -m gc25d_pipeline.cli eval-table $$snap
 
@@ -47,7 +51,7 @@ run: instance
 sft: instance
 	$(PY) -m gc25d_pipeline.cli check-config
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
-	$(DG) launch --assets sft,sft_teacher --partition $$snap && \
+	$(DG) launch --assets sft,sft_teacher --partition $$snap $(IN_PROCESS) && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap
 
 # The UI (webserver + daemon) on http://127.0.0.1:3000 (DEV_PORT=...). Ctrl-C / SIGTERM, also in the

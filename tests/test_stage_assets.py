@@ -173,3 +173,88 @@ def test_sft_teacher_writes_teacher_json(tmp_path):
     assert md["handoff"].value == str(run_dir / TEACHER)
     assert (md["step"].value, md["export"].value, md["sha256"].value) == (20, str(export), handoff.sha256)
     assert "path" not in md  # the export is named once
+
+
+class _RefusingLauncher(TorchrunLauncher):
+    """Fails any launch with a known message: shows whether the asset launched."""
+
+    def run_job(self, context, module, launch, extras):
+        raise dg.Failure("launched", allow_retries=False)
+
+
+def _finished_sft(tmp_path: Path, project: Gc25dProject) -> Path:
+    """A planted sft run folder for v000001 that reached the tiny preset's max_steps with the config
+    a launch of the asset writes."""
+    from gc25d_core.train.presets import with_stage
+
+    run_dir = tmp_path / "runs" / "sft" / "v000001"
+    cfg = with_stage(project.config(), "sft", "tiny", {"data": {"manifest_version": 1}})
+    write_resolved(cfg, run_dir)
+    exports = ["step-000200.safetensors", "step-000400.safetensors"]
+    (run_dir / "exports").mkdir()
+    for name in exports:
+        (run_dir / "exports" / name).write_bytes(b"planted")
+    done = {"stage": "sft", "final_step": 400, "exports": exports, "manifest_sha256": "ab" * 32}
+    (run_dir / "done.json").write_text(json.dumps(done))
+    (run_dir / "final.json").write_text("{}")
+    return run_dir
+
+
+def test_a_finished_run_with_the_same_config_is_not_launched_again(tmp_path, published):
+    """A rerun with nothing changed: the stage asset reports the run's done.json with the data
+    version the job would report, and starts no process; anything that leaves work to the job
+    (another config, a missing export or hand-off, fresh) launches it."""
+    from gc25d_core.train.loop import data_version
+
+    project = _project(tmp_path)
+    run_dir = _finished_sft(tmp_path, project)
+
+    def materialize(run_config=None):
+        with dg.instance_for_test() as instance:
+            instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
+            return dg.materialize(
+                [sft],
+                partition_key="v000001",
+                instance=instance,
+                resources={"project": project, "torchrun": _RefusingLauncher()},
+                run_config=run_config or {},
+                raise_on_error=False,
+            )
+
+    result = materialize()
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("sft")
+    assert mat.metadata["launched"].value is False and mat.metadata["final_step"].value == 400
+    assert mat.tags["dagster/data_version"] == data_version(
+        400, ["step-000200.safetensors", "step-000400.safetensors"], "ab" * 32
+    )
+    assert not (run_dir / "torchrun_logs").exists() and not (run_dir / "pipes").exists()
+
+    fresh = {"ops": {"sft": {"config": {"fresh": True}}}}
+    assert _single_failure(materialize(fresh)).endswith("Failure: launched\n")
+    (run_dir / "final.json").unlink()
+    assert _single_failure(materialize()).endswith("Failure: launched\n")  # no hand-off: the job writes it
+
+
+@pytest.mark.parametrize("change", ["config", "step", "export", "stage", "nothing"])
+def test_finished_run_asks_for_the_same_config_step_and_files(tmp_path, change):
+    from gc25d_core.train.loop import finished_run
+    from gc25d_core.train.presets import with_stage
+
+    project = _project(tmp_path)
+    run_dir = _finished_sft(tmp_path, project)
+    cfg = with_stage(project.config(), "sft", "tiny", {"data": {"manifest_version": 1}})
+    max_steps = None
+    if change == "config":
+        cfg = with_stage(project.config(), "sft", "tiny", {"data": {"manifest_version": 2}})
+    elif change == "step":
+        max_steps = 500
+    elif change == "export":
+        (run_dir / "exports" / "step-000200.safetensors").unlink()
+    elif change == "stage":
+        cfg = with_stage(project.config(), "stage1_tf", "tiny", {"data": {"manifest_version": 1}})
+    got = finished_run(cfg, "stage1_tf" if change == "stage" else "sft", run_dir, max_steps)
+    if change == "nothing":
+        assert got is not None and got[0]["final_step"] == 400
+    else:
+        assert got is None

@@ -6,10 +6,15 @@ The session is ``deploy.session.LiveSession`` on ``DeployRuntime.load`` (default
 seed 0, eager; the job's VAE and text table) and ``deploy.world.LiveWorld`` (its torch ids
 renderer on the session's device); the truth is the same ``LiveWorld``'s stepper and RGB renderer
 (``render_rgb``: the code world's source render, cropped and resized as the data were).
+
+Every export of an eval plays the same scripts, and the world does not depend on what the model
+draws: on a CPU, where the world's ids cost a third of a cell, a rank keeps each cell's ids by the
+actions that led to it (``KeptCellsWorld``) and replays them for the next export.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,46 @@ def _rgb_frame(job: tuple[WorldConfig, GeometryConfig, Any]) -> np.ndarray:
     return _RGB_WORLD.render_rgb(state)
 
 
+class KeptCellsWorld:
+    """A ``LiveWorld`` whose cells are kept by the actions since ``reset`` that led to them: a
+    session that replays a kept path gets the kept ids (the same arrays the world would draw); the
+    world itself catches up on the path's untaken blocks when a session leaves it. The numpy
+    renderer's cells only (host arrays); ``cells`` is shared by the sessions of one rank."""
+
+    def __init__(self, world: LiveWorld, cells: dict[bytes, tuple[np.ndarray, str]]):
+        if world.torch is not None:
+            raise ValueError(
+                "KeptCellsWorld keeps the numpy renderer's cells (host arrays), not the torch one's"
+            )
+        self.world, self.cells = world, cells
+        self.stream = world.stream  # None: numpy ids are on the host
+        self._path = b""  # the digest of the blocks since reset
+        self._untaken: list[np.ndarray] = []  # blocks since the world last advanced itself
+
+    def warm_up(self) -> None:
+        self.world.warm_up()
+
+    def reset(self, with_rgb: bool = True) -> tuple[np.ndarray | None, np.ndarray, str]:
+        self._path, self._untaken = b"", []
+        return self.world.reset(with_rgb)
+
+    def advance(self, block: np.ndarray) -> tuple[np.ndarray, str]:
+        block = np.asarray(block, np.uint8)
+        self._path = hashlib.sha256(self._path + block.tobytes()).digest()
+        self._untaken.append(block)
+        kept = self.cells.get(self._path)
+        if kept is not None:
+            return kept
+        for b in self._untaken[:-1]:  # the world is where the last drawn cell left it
+            self.world.advance(b)
+        ids4, key = self.world.advance(block)
+        assert isinstance(ids4, np.ndarray)
+        ids4.flags.writeable = False  # shared by every session that takes this path
+        self._untaken = []
+        self.cells[self._path] = (ids4, key)
+        return ids4, key
+
+
 class DeployBackend:
     def __init__(self, cfg: Gc25dConfig, vae: Any, device: Any, world: WorldConfig | None = None):
         self.cfg, self.vae, self.device = cfg, vae, device
@@ -38,6 +83,7 @@ class DeployBackend:
         # the truth's world: the same run spec, ids (unused) on the CPU
         self.ref = self.world.model_copy(update={"renderer": "numpy"})
         self._table: Any = None
+        self._cells: dict[bytes, tuple[np.ndarray, str]] = {}  # KeptCellsWorld's, for every session
 
     def describe(self) -> dict[str, Any]:
         return self.ref.model_dump(exclude={"renderer"})
@@ -52,7 +98,10 @@ class DeployBackend:
         runtime = DeployRuntime.load(
             export, self._table, self.vae, vocab=self.cfg.vocab, device=self.device, expected_sha256=sha256
         )
-        session = LiveSession(runtime, LiveWorld(self.world, self.cfg.geometry, device=self.device), self.vae)
+        world: Any = LiveWorld(self.world, self.cfg.geometry, device=self.device)
+        if world.torch is None:  # the numpy renderer: a cell's ids cost more than its denoise
+            world = KeptCellsWorld(world, self._cells)
+        session = LiveSession(runtime, world, self.vae)
         session.prepare()
         return session
 

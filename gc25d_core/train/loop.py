@@ -46,6 +46,8 @@ from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
 from gc25d_core.train.model import resolve_precision, set_determinism
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
+DONE_FILE = "done.json"  # the summary of a run that reached its max_steps
+
 LOG_FILES = ("metrics.jsonl", "val.jsonl")
 TENSORBOARD_DIR = "tensorboard"
 
@@ -137,7 +139,7 @@ class StageRun:
                 for name in ("state", "exports", TENSORBOARD_DIR):
                     shutil.rmtree(self.run_dir / name, ignore_errors=True)
                 # a fresh run invalidates its hand-offs: the next stage must not start from them
-                for name in (*LOG_FILES, "done.json", FINAL, TEACHER):
+                for name in (*LOG_FILES, DONE_FILE, FINAL, TEACHER):
                     (self.run_dir / name).unlink(missing_ok=True)
             self.state.clean()
             self.export_dir.mkdir(parents=True, exist_ok=True)
@@ -269,7 +271,7 @@ class StageRun:
             **self.summary(),
         }
         if self.rank == 0 and step >= self.section.max_steps:
-            atomic_write_text(self.run_dir / "done.json", json.dumps(summary, sort_keys=True, indent=1))
+            atomic_write_text(self.run_dir / DONE_FILE, json.dumps(summary, sort_keys=True, indent=1))
             write_handoff(
                 self.run_dir,
                 self.name,
@@ -279,11 +281,44 @@ class StageRun:
                 warn=lambda msg: self.rep.log(msg, level="warning"),
             )
         barrier()
-        digest = hashlib.sha256(
-            json.dumps([step, exports, summary.get("manifest_sha256")]).encode()
-        ).hexdigest()
-        self.rep.materialize(summary, data_version=digest[:16])
+        self.rep.materialize(
+            summary, data_version=data_version(step, exports, summary.get("manifest_sha256"))
+        )
         return summary
+
+
+def data_version(step: int, exports: list[str], manifest_sha256: str | None) -> str:
+    """A run's materialization version: its step, its exports and the snapshot it trained on."""
+    return hashlib.sha256(json.dumps([step, exports, manifest_sha256]).encode()).hexdigest()[:16]
+
+
+def finished_run(
+    cfg: Gc25dConfig, stage: str, run_dir: Path | str, max_steps: int | None = None
+) -> tuple[dict[str, Any], str] | None:
+    """(done.json's summary, its data version) when a launch of ``stage`` in ``run_dir`` with ``cfg``
+    (up to ``max_steps``, default the section's) would train nothing: the run finished at exactly
+    that step with this very config (its config.yaml as the launch writes it) and its exports and
+    hand-off are in place. None: the job has work to do (or checking it is the job's to do).
+
+    The job itself resumes such a run and stops at once; asking here spares a launch its start-up
+    (processes, imports, data, models) on a rerun with nothing changed."""
+    from gc25d_core.train.presets import stage_config
+
+    run_dir = Path(run_dir)
+    try:
+        done = json.loads((run_dir / DONE_FILE).read_text())
+        written = (run_dir / "config.yaml").read_text()
+    except (OSError, ValueError):
+        return None
+    target = max_steps if max_steps is not None else stage_config(cfg, stage).max_steps
+    if not isinstance(done, dict) or done.get("stage") != stage or done.get("final_step") != target:
+        return None
+    exports = done.get("exports")
+    if written != to_yaml(cfg) or not isinstance(exports, list) or not (run_dir / FINAL).is_file():
+        return None
+    if not all((run_dir / "exports" / str(e)).is_file() for e in exports):
+        return None
+    return done, data_version(target, exports, done.get("manifest_sha256"))
 
 
 def run_stage(

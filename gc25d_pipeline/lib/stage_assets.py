@@ -27,7 +27,7 @@ from gc25d_core.handoff import TEACHER, read_handoff
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import BY_NAME, Stage, Upstream
-from gc25d_core.train.loop import TENSORBOARD_DIR
+from gc25d_core.train.loop import TENSORBOARD_DIR, finished_run
 from gc25d_core.train.metrics import JsonlLog, curves_png
 from gc25d_core.train.presets import with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
@@ -221,7 +221,17 @@ def stage_asset(
             + (["--max-steps", str(config.max_steps)] if config.max_steps else [])
             + (["--fresh"] if config.fresh else [])
         )
-        mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
+        done = None if config.fresh else finished_run(cfg, stage, run_dir, config.max_steps or None)
+        if done is not None:  # the job would resume it and stop at once: no launch
+            context.log.info(
+                f"{name}: {run_dir} finished at step {done[0]['final_step']} with this config; nothing to train"
+            )
+            mat = dg.MaterializeResult(
+                metadata={"launched": False, **summary_metadata(done[0])},
+                data_version=dg.DataVersion(done[1]),
+            )
+        else:
+            mat = torchrun.launch(context, module, cfg, run_dir, args).get_materialize_result()
         # the launch's summary, the run's curves, its previews, and which hand-off files it started from
         launched = {
             **(mat.metadata or {}),
@@ -290,6 +300,16 @@ def curves_metadata(run_dir: Path) -> dict[str, Any]:
     if (run_dir / TENSORBOARD_DIR).is_dir():
         md["tensorboard"] = dg.MetadataValue.path(str(run_dir / TENSORBOARD_DIR))
     return md
+
+
+def summary_metadata(summary: dict[str, Any]) -> dict[str, Any]:
+    """A job's summary as the asset's own metadata (what its Pipes report would carry): nested values
+    as JSON, None left out."""
+    return {
+        k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+        for k, v in summary.items()
+        if v is not None
+    }
 
 
 def _key_of(dep: dg.AssetsDefinition | str) -> dg.AssetKey:

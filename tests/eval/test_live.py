@@ -105,6 +105,33 @@ def test_a_seeds_session_plays_the_same_frames(world):
     assert not np.array_equal(other.ids, one.ids)
 
 
+def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world):
+    """The ids a rank keeps for the next export's session are the world's own, on the same path and
+    after a fork (the action probe shares the scored session's first cells), and read-only."""
+    from gc25d_core.deploy.world import LiveWorld
+    from gc25d_core.jobs.eval_live import KeptCellsWorld
+
+    _, cfg, backend, _ = world
+
+    def drawn(blocks):
+        w = LiveWorld(backend.world, cfg.geometry)
+        w.reset(with_rgb=False)
+        return [w.advance(b) for b in blocks]
+
+    own = L.session_script(0, CELLS)
+    forked = L.changed_script(own, 3)
+    cells: dict = {}
+    for blocks in (own, own, forked, own):
+        kept = KeptCellsWorld(LiveWorld(backend.world, cfg.geometry), cells)
+        kept.reset(with_rgb=False)
+        got = [kept.advance(b) for b in blocks]
+        for (ids, key), (want_ids, want_key) in zip(got, drawn(blocks), strict=True):
+            assert np.array_equal(ids, want_ids) and key == want_key
+    assert len(cells) == CELLS + (CELLS - 2)  # the fork's cells 3.. are its own
+    with pytest.raises(ValueError):
+        next(iter(cells.values()))[0][0, 0, 0] = 1
+
+
 def cfg_frame(cfg) -> tuple[int, int]:
     return cfg.geometry.dst_height, cfg.geometry.dst_width
 
