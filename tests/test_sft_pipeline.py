@@ -179,3 +179,27 @@ def test_stage1_asset_trains_the_causal_student_from_the_teacher(trained):
         json.loads(meta.extra["init_ckpt"])["sha256"]
         == read_handoff(trained.sft_dir / TEACHER, trained.root / "runs").sha256
     )
+
+
+def test_the_sft_preview_is_kept_by_its_export(trained, monkeypatch):
+    """The asset's validation sample is made once per export file: a rerun on the finished run shows
+    the kept one without building the model; a changed export file makes it again."""
+    from gc25d_core.train import previews
+    from tests.eval.world import with_random_vae
+
+    cfg = with_random_vae(config_from_yaml(trained.sft_dir / "config.yaml"))  # no tiny_vae asset here
+    first = previews.sft_preview(trained.sft_dir, cfg)
+    if "sample_png" not in first:
+        pytest.fail(f"no validation sample was made for {trained.sft_dir}: {sorted(first)}")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the kept sample was made again")
+
+    monkeypatch.setattr(previews, "predict_x0", refuse)
+    again = previews.sft_preview(trained.sft_dir, cfg)
+    keys = ("sample_png", "sample_video", "sample_step", "sample_clip", "sample_mse")
+    assert [again[k] for k in keys] == [first[k] for k in keys]
+    export = trained.sft_dir / "exports" / f"step-{SFT_STEPS:06d}.safetensors"
+    os.utime(export, ns=(export.stat().st_atime_ns, export.stat().st_mtime_ns + 1_000_000))
+    with pytest.raises(AssertionError, match="made again"):
+        previews.sft_preview(trained.sft_dir, cfg)

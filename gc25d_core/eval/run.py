@@ -47,7 +47,15 @@ from gc25d_core.eval.spec import (
     read_model,
     write_model,
 )
-from gc25d_core.eval.store import ResultStore, code_version, context_doc, row_key
+from gc25d_core.eval.store import (
+    ResultStore,
+    code_version,
+    context_doc,
+    file_identities,
+    job_key,
+    row_key,
+    used_files,
+)
 from gc25d_core.eval.sweeps import Case
 from gc25d_core.report import Reporter
 
@@ -242,6 +250,8 @@ def run_eval(
             num_cases=num_cases,
             computed=computed,
             kept=kept,
+            job_key=job_key(cfg, (run_dir / INPUT_FILE).read_text()),
+            depends_on=file_identities(used_files(cfg, vae is not None)),
         )
         write_model(run_dir, OUTPUT_FILE, out)
         rep.materialize({"world_size": world, "num_cases": num_cases, "computed": computed})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -115,6 +115,10 @@ class EvalOutput(Strict):
     # rollouts computed by this run per sweep, and the (export/sweep) rows taken from kept results
     computed: dict[str, int] = Field(default_factory=dict)
     kept: list[str] = Field(default_factory=list)
+    # what the job's files depend on (eval.store.job_key, and the files it read by their identity):
+    # the asset compares them before a launch (eval.store.finished_eval)
+    job_key: str | None = None
+    depends_on: dict[str, list[Any]] = Field(default_factory=dict)
 
 
 M = TypeVar("M", "EvalInput", "EvalOutput")

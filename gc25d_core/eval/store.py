@@ -64,6 +64,57 @@ def context_doc(cfg: Gc25dConfig, uses_vae: bool = True) -> dict[str, Any]:
     return doc
 
 
+def job_key(cfg: Gc25dConfig, input_text: str) -> str:
+    """What an eval job's files depend on besides the files it reads (``used_files``): its
+    eval_input.json as written, the code's version and the preset's fields of ``context_doc``."""
+    fields = cfg.model_dump(
+        mode="json", include={"vocab", "seed", "device", "geometry", "timeline", "text", "vae"}
+    )
+    doc = {"input": input_text, "code": code_version(), "context": fields}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def used_files(cfg: Gc25dConfig, uses_vae: bool) -> list[Path]:
+    """The weights file an eval job reads besides its exports (named with their SHA256 in its input)."""
+    from gc25d_core.models.vae_fit import resolve_vae_file
+
+    found = resolve_vae_file(cfg) if uses_vae else None
+    return [] if found is None else [found[0]]
+
+
+def file_identities(paths: list[Path]) -> dict[str, list[Any]]:
+    """Each file by (size, modification time in ns), named as the config names it (a relative data
+    root stays relative: the record pins no checkout): cheap to check in a process that loads no model."""
+    out: dict[str, list[Any]] = {}
+    for p in paths:
+        st = Path(p).stat()
+        out[str(p)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def finished_eval(cfg: Gc25dConfig, run_dir: Path) -> Any:
+    """The ``EvalOutput`` of a finished eval job in ``run_dir`` with this very key, the files it read
+    unchanged and its report files all there: a launch would compute nothing. None: launch it (the
+    job keeps the rows it can)."""
+    from gc25d_core.eval.spec import INPUT_FILE, OUTPUT_FILE, EvalOutput, read_model
+    from gc25d_core.schema import ConfigError
+
+    run_dir = Path(run_dir)
+    try:
+        out = read_model(run_dir, OUTPUT_FILE, EvalOutput)
+        key = job_key(cfg, (run_dir / INPUT_FILE).read_text())
+    except (ConfigError, OSError):
+        return None
+    reports = ["table.md", *(f"{label}/metrics.json" for label in out.exports), *out.plots]
+    if out.job_key != key or not all((run_dir / f).is_file() for f in reports):
+        return None
+    try:
+        same = file_identities([Path(p) for p in out.depends_on]) == out.depends_on
+    except OSError:
+        return None
+    return out if same else None
+
+
 def row_key(code: str, export_sha256: str, sweep_doc: dict[str, Any], context: dict[str, Any]) -> str:
     doc = {"code": code, "export": export_sha256, "sweep": sweep_doc, "context": context}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

@@ -9,6 +9,7 @@ cell 0 is the clean anchor. One process, CPU by default; tiny VAEs only (see lat
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -179,19 +180,66 @@ def sft_preview(run_dir: Path | str, cfg: Gc25dConfig, t_req: float = 500.0) -> 
     out["gaps"] = gap_table(records)
     if not cfg.vae.tiny:
         return out
-    pred = predict_x0(run_dir, cfg, int(records[-1]["step"]), t_req)
-    if pred is None:
+    step = int(records[-1]["step"])
+    found = _export_for(run_dir, step)
+    if found is None:
         return out
-    vae = build_vae_for(cfg, torch.device("cpu"))
-    truth, guess = decode_frames(vae, pred["x0"]), decode_frames(vae, pred["x0_hat"])
-    ids = colorize_ids(pred["clip"].ids.numpy())
-    panels = side_by_side([truth, guess, ids], ["ground truth", f"pred t={int(t_req)}", "ids"])
-    video = write_video(run_dir / "previews" / f"val_sample_step{pred['step']:06d}.mp4", panels)
-    out.update(
-        sample_video=video,
-        sample_png=png_bytes(strip_of(panels)),
-        sample_step=pred["step"],
-        sample_clip=pred["clip"].sample_id,
-        sample_mse=pred["mse"],
-    )
+    # the sample is kept beside its video, by the export it came from: a rerun of the asset on a
+    # finished run shows it again without building the model and the VAE
+    record = run_dir / "previews" / f"val_sample_step{found[1]:06d}_t{int(t_req)}.json"
+    made = kept_sample(record, found[0])
+    if made is None:
+        pred = predict_x0(run_dir, cfg, step, t_req)
+        if pred is None:
+            return out
+        vae = build_vae_for(cfg, torch.device("cpu"))
+        truth, guess = decode_frames(vae, pred["x0"]), decode_frames(vae, pred["x0_hat"])
+        ids = colorize_ids(pred["clip"].ids.numpy())
+        panels = side_by_side([truth, guess, ids], ["ground truth", f"pred t={int(t_req)}", "ids"])
+        video = write_video(run_dir / "previews" / f"val_sample_step{pred['step']:06d}.mp4", panels)
+        made = {
+            "sample_video": video,
+            "sample_png": png_bytes(strip_of(panels)),
+            "sample_step": pred["step"],
+            "sample_clip": pred["clip"].sample_id,
+            "sample_mse": pred["mse"],
+        }
+        keep_sample(record, found[0], made)
+    out.update(made)
     return out
+
+
+def _file_identity(path: Path) -> list[Any]:
+    st = path.stat()
+    return [path.name, st.st_size, st.st_mtime_ns]
+
+
+def keep_sample(record: Path, export: Path, made: dict[str, Any]) -> None:
+    """The sample's strip beside ``record`` (.png) and its fields in ``record`` (JSON), with the
+    identity of the export it came from."""
+    from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
+
+    atomic_write_bytes(record.with_suffix(".png"), made["sample_png"])
+    doc = {k: v for k, v in made.items() if k != "sample_png"}
+    doc["sample_video"] = Path(made["sample_video"]).name
+    doc["export"] = _file_identity(export)
+    atomic_write_text(record, json.dumps(doc, sort_keys=True))
+
+
+def kept_sample(record: Path, export: Path) -> dict[str, Any] | None:
+    """What ``keep_sample`` kept, if it came from this very export file and its files are there."""
+    try:
+        doc = json.loads(record.read_text())
+        png = record.with_suffix(".png").read_bytes()
+    except (OSError, ValueError):
+        return None
+    video = record.parent / str(doc.get("sample_video", ""))
+    if doc.get("export") != _file_identity(export) or not video.is_file():
+        return None
+    return {
+        "sample_video": video,
+        "sample_png": png,
+        "sample_step": doc["sample_step"],
+        "sample_clip": doc["sample_clip"],
+        "sample_mse": doc["sample_mse"],
+    }

@@ -17,6 +17,7 @@ from gc25d_core.eval import metrics as M
 from gc25d_core.eval.live_run import shard
 from gc25d_core.eval.run import run_eval
 from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_handoff, write_model
+from gc25d_core.eval.store import finished_eval
 from gc25d_core.jobs.eval_live import DeployBackend
 from gc25d_core.report import StdoutReporter
 from gc25d_core.train.synthetic import random_teacher
@@ -155,13 +156,19 @@ def test_a_rerun_computes_nothing_and_a_changed_export_only_its_rows(world):
     table = (run_dir / "table.md").read_text()
     assert "| stage1_tf |" in table and "| stage1_again |" in table and "drift dB/min" in table
     assert (run_dir / "stage1_tf" / "live240_drift.png").read_bytes()[:4] == b"\x89PNG"
+    # the asset's check before a launch: this run folder holds this evaluation
+    assert finished_eval(cfg, run_dir) == out and out.job_key is not None
     again = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
     assert again is not None and again.computed == {"live240": 0}
     assert (run_dir / "table.md").read_text() == table
+    assert again.job_key == out.job_key
     # stage 2 trained on: a new file, its rows alone computed again
     s2b = exports_of_handoff(
         "stage2_cd", random_teacher(cfg, root, seed=2, causal=True, stage="stage2_cd"), root
     )
     write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=1, eval=ecfg, exports=[*s1, s2b[0]]))
+    assert finished_eval(cfg, run_dir) is None  # another input: the job has work to do
     third = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
     assert third is not None and third.computed == {"live240": 3} and third.kept == ["stage1_tf/live240"]
+    (run_dir / third.plots[0]).unlink()  # a report file gone: the job writes it again
+    assert finished_eval(cfg, run_dir) is None

@@ -32,6 +32,7 @@ from gc25d_core.eval.spec import (
     read_model,
     write_model,
 )
+from gc25d_core.eval.store import finished_eval
 from gc25d_core.handoff import FINAL, runs_relative
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
@@ -129,8 +130,15 @@ def eval_asset(
     run_dir = project.run_dir(cfg, "eval", context)
     spec = EvalInput(manifest_version=version, eval=ecfg, exports=exports, not_evaluated=skipped)
     write_model(run_dir, INPUT_FILE, spec)
-    mat = torchrun.launch(context, "gc25d_core.jobs.eval", cfg, run_dir).get_materialize_result()
-    return dg.MaterializeResult(metadata={**metadata_of_run(run_dir, spec), **(mat.metadata or {})})
+    if (done := finished_eval(cfg, run_dir)) is not None:  # the job would compute nothing
+        context.log.info(
+            f"eval: {run_dir} holds this evaluation (the same inputs, code and VAE); nothing to run"
+        )
+        launched = {"launched": False, "num_cases": dg.MetadataValue.json(done.num_cases)}
+    else:
+        mat = torchrun.launch(context, "gc25d_core.jobs.eval", cfg, run_dir).get_materialize_result()
+        launched = dict(mat.metadata or {})
+    return dg.MaterializeResult(metadata={**metadata_of_run(run_dir, spec), **launched})
 
 
 def metadata_of_run(run_dir: Path, spec: EvalInput) -> dict[str, dg.MetadataValue]:
