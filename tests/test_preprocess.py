@@ -56,6 +56,10 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
         assert result.success
         again = dg.materialize([tiny_vae], instance=instance, resources=resources)
         assert again.success
+        # nothing changed: the clip job's record stands and no job is launched
+        rerun = dg.materialize([cond], instance=instance, resources=resources)
+        (rerun_md,) = [m.metadata for m in rerun.asset_materializations_for_node("cond")]
+        assert rerun_md["launched"].value is False and rerun_md["num_failed"].value == 0
         mats = {
             e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
             for e in result.all_events

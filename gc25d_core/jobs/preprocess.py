@@ -19,14 +19,14 @@ RowFilter = Callable[[ClipRow], bool]
 
 def main_for(factory: TaskFactory, row_filter: RowFilter | None = None) -> None:
     def main(args: argparse.Namespace, cfg: Gc25dConfig, rep: Reporter) -> None:
-        rows = [
-            r for r in read_index(Layout(Path(cfg.paths.data_root))) if row_filter is None or row_filter(r)
-        ]
+        layout = Layout(Path(cfg.paths.data_root))
+        rows = [r for r in read_index(layout) if row_filter is None or row_filter(r)]
         if args.limit:
             rows = sorted(rows, key=lambda r: r.clip_id)[: args.limit]
         task = factory(cfg)
         rep.log(f"{task.name}: {len(rows)} clips")
-        run_task(task, rows, rep, args.run_dir)
+        # a job over every clip keeps its record: the asset skips a launch that would build nothing
+        run_task(task, rows, rep, args.run_dir, index=None if args.limit else layout.clips_jsonl)
 
     p = base_parser("per-clip preprocessing job")
     p.add_argument("--limit", type=int, default=0, help="only the first N clips by clip_id (smoke runs)")

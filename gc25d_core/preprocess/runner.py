@@ -78,6 +78,8 @@ class ClipTask:
     is_done: Callable[[ClipRow], bool]
     build: Callable[[ClipRow], int] | None = None
     build_many: BuildMany | None = None
+    # files every clip's outputs depend on besides the index and the config (the VAE's weights)
+    inputs: Sequence[Path] = ()
 
 
 def shard_rows(rows: Sequence[ClipRow], rank: int | None = None, world: int | None = None) -> list[ClipRow]:
@@ -264,8 +266,11 @@ def run_task(
     rep: Reporter,
     run_dir: Path,
     extra_metadata: dict[str, Any] | None = None,
+    index: Path | None = None,
 ) -> dict[str, Any]:
-    """Run this rank's shard, gather, report once from rank 0, fail if any clip failed."""
+    """Run this rank's shard, gather, report once from rank 0, fail if any clip failed. With
+    ``index`` (the clips index ``rows`` come from, all of them) rank 0 keeps a record of the
+    finished job for ``finished_clip_job``."""
     result = run_shard(task, rows, rep, run_dir)
     summary = summarize(task, gather_results(result), len(rows))
     if summary["num_failed"]:
@@ -273,5 +278,53 @@ def run_task(
         raise ClipFailuresError(f"{task.name}: {summary['num_failed']} of {len(rows)} clips failed:\n{lines}")
     if rep.rank == 0:  # the job's closing line, said once
         rep.log(closing_line(task, summary))
+        if index is not None:
+            keep_finished_clip_job(
+                run_dir, [index, *task.inputs], [p for r in rows for p in task.outputs(r)], summary
+            )
     rep.materialize({**summary, **(extra_metadata or {})})
     return summary
+
+
+CLIPS_DONE = "clips_done.json"  # a finished clip job's record in its run folder
+
+
+def _identities(paths: Sequence[Path]) -> dict[str, list[int]]:
+    out = {}
+    for p in paths:
+        st = Path(p).stat()
+        out[str(p)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def keep_finished_clip_job(
+    run_dir: Path, inputs: Sequence[Path], outputs: Sequence[Path], summary: dict[str, Any]
+) -> None:
+    """What a finished job read and wrote, by file identity (size, mtime), under the config it ran."""
+    import hashlib
+
+    record = {
+        "config_sha256": hashlib.sha256((Path(run_dir) / "config.yaml").read_bytes()).hexdigest(),
+        "inputs": _identities(inputs),
+        "outputs": _identities(outputs),
+        "summary": summary,
+    }
+    atomic_write_text(Path(run_dir) / CLIPS_DONE, json.dumps(record, sort_keys=True))
+
+
+def finished_clip_job(run_dir: Path, config_text: str) -> dict[str, Any] | None:
+    """The summary of the clip job finished in ``run_dir`` under ``config_text`` (the config.yaml a
+    launch would write) whose index, inputs and every output are the files it left: the job would
+    find every clip built. None: launch it (it checks each clip itself)."""
+    import hashlib
+
+    try:
+        record = json.loads((Path(run_dir) / CLIPS_DONE).read_text())
+        if record["config_sha256"] != hashlib.sha256(config_text.encode()).hexdigest():
+            return None
+        for files in (record["inputs"], record["outputs"]):
+            if _identities([Path(p) for p in files]) != files:
+                return None
+        return dict(record["summary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

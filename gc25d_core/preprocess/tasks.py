@@ -94,10 +94,14 @@ def latents_task(cfg: Gc25dConfig) -> ClipTask:
     if global_rank() == 0:  # before any rank decides which clips are done
         drop_latents_of_another_vae(cfg, lay)
     barrier()
+    from gc25d_core.models.vae_fit import resolve_vae_file
+
     device = torch.device("cuda", local_rank()) if cfg.device == "cuda" else torch.device("cpu")
+    vae = resolve_vae_file(cfg)  # None: the seeded random tiny VAE (its weights are the config's)
     return ClipTask(
         name="latents",
         outputs=lambda row: [lay.latents(row.clip_id)],
         is_done=lambda row: latents_done(lay, shapes, row),
         build_many=lambda rows, on_clip, on_error: run_latents(cfg, rows, device, on_clip, on_error),
+        inputs=() if vae is None else (vae[0],),
     )

@@ -8,7 +8,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.config import Gc25dConfig
+from gc25d_core.config import Gc25dConfig, to_yaml
+from gc25d_core.preprocess.runner import finished_clip_job
 from gc25d_pipeline.lib.launcher import JobLauncher
 from gc25d_pipeline.lib.project import Gc25dProject
 
@@ -82,8 +83,22 @@ def clip_job_asset(
         )
         args = ["--limit", str(config.limit)] if config.limit else []
         run_dir = project.run_dir(cfg, name, context)
-        result = launcher.launch(context, module, cfg, run_dir, args)
-        mat = result.get_materialize_result()
+        done = None if args else finished_clip_job(run_dir, to_yaml(cfg))
+        if done is not None:  # every clip's files as the last full run left them: no launch
+            context.log.info(
+                f"{name}: {done['num_clips']} clips as built before (index, inputs, files unchanged)"
+            )
+            mat = dg.MaterializeResult(
+                metadata={
+                    "launched": False,
+                    **{
+                        k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+                        for k, v in done.items()
+                    },
+                }
+            )
+        else:
+            mat = launcher.launch(context, module, cfg, run_dir, args).get_materialize_result()
         metadata = dict(mat.metadata or {})
         if preview is not None and (png := preview(cfg)) is not None:
             metadata["preview"] = png_markdown(png, name)
