@@ -161,10 +161,17 @@ def build_index(raw: RawSource, cfg: Gc25dConfig) -> tuple[list[ClipRow], dict[s
 
 
 def write_index(layout: Layout, rows: list[ClipRow], splits: dict[str, str]) -> None:
+    """The index files, each rewritten only when its text changes: an unchanged index stays the
+    same file (the clip jobs' records name it by size and modification time)."""
     body = "".join(json.dumps(r.model_dump(), sort_keys=False) + "\n" for r in rows)
-    atomic_write_text(layout.clips_jsonl, body)
     runs = {"_rule": SPLIT_RULE, **dict(sorted(splits.items()))}
-    atomic_write_text(layout.runs_json, json.dumps(runs, indent=1) + "\n")
+    for path, text in ((layout.clips_jsonl, body), (layout.runs_json, json.dumps(runs, indent=1) + "\n")):
+        try:
+            if path.read_text(encoding="utf-8") == text:
+                continue
+        except OSError:
+            pass
+        atomic_write_text(path, text)
 
 
 def read_index(layout: Layout) -> list[ClipRow]:
