@@ -48,6 +48,19 @@ with dg.instance_for_test() as instance:
         raise_on_error=False,
     )
     (md,) = [m.metadata for m in result.asset_materializations_for_node("eval")] or [{}]
+    # again with nothing changed: neither job is launched
+    again = dg.materialize(
+        [deploy_export, eval_asset],
+        partition_key="v000001",
+        instance=instance,
+        resources={"project": project, "torchrun": TorchrunLauncher()},
+        run_config={"ops": {"eval": {"config": eval_config}}},
+        raise_on_error=False,
+    )
+    relaunched = {
+        name: [m.metadata["launched"].value for m in again.asset_materializations_for_node(name)]
+        for name in ("deploy_export", "eval")
+    }
     print(json.dumps({
         "success": result.success,
         "checks": [(c.check_name, c.passed) for c in result.get_asset_check_evaluations()],
@@ -56,6 +69,8 @@ with dg.instance_for_test() as instance:
         "table": [r.data["export"] for r in md["table"].records] if "table" in md else None,
         "modules": sorted(m for m in sys.modules if m.startswith(tuple(args["heavy"]))),
         "torch": "torch" in sys.modules,
+        "again": again.success,
+        "relaunched": relaunched,
     }))
 """
 
@@ -86,3 +101,4 @@ def test_the_step_process_imports_no_model_code_for_deploy_export_and_eval(tmp_p
     assert any(s.startswith("stage2_cd: no ") for s in out["not_evaluated"])
     assert (runs / "deploy_export" / "v000001" / "deploy.safetensors").is_file()
     assert (runs / "eval" / "v000001" / "stage3_dmd_ema" / "metrics.json").is_file()
+    assert out["again"] and out["relaunched"] == {"deploy_export": [False], "eval": [False]}

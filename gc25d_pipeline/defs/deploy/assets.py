@@ -10,12 +10,16 @@ sink 3 / window 17 / RoPE cap 20, bf16, 831 keys at full size, the vocabulary of
 ``deploy.json`` gives the check ``deploy_contract`` and the metadata. This step loads no model.
 """
 
+import hashlib
 import json
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import dagster as dg
 from pydantic import Field
 
+from gc25d_core.atomic import atomic_write_text
+from gc25d_core.config import to_yaml
 from gc25d_core.handoff import FINAL, read_handoff
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
@@ -88,8 +92,15 @@ def deploy_export(
         "--summary",
         str(summary_file),
     ]
-    one_rank = torchrun.model_copy(update={"nproc_per_node": 1, "nnodes": 1})  # one file to write
-    one_rank.launch(context, "gc25d_core.jobs.deploy_export", cfg, run_dir, args)
+    # the same source (by its SHA256), settings and config as the files there: no launch
+    record = {"args": args, "config_sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest()}
+    launched = not same_export(run_dir, record, [out, summary_file])
+    if launched:
+        one_rank = torchrun.model_copy(update={"nproc_per_node": 1, "nnodes": 1})  # one file to write
+        one_rank.launch(context, "gc25d_core.jobs.deploy_export", cfg, run_dir, args)
+        keep_export(run_dir, record, [out, summary_file])
+    else:
+        context.log.info(f"deploy_export: {out} is the export of {label} with these settings; nothing to run")
     summary = json.loads(summary_file.read_text())
     check = dg.AssetCheckResult(
         check_name="deploy_contract",
@@ -110,7 +121,28 @@ def deploy_export(
             "source_path": dg.MetadataValue.path(source),
             "init_chain": dg.MetadataValue.json(summary["init_chain"]),
             "keys": summary["keys"],
+            "launched": launched,
         },
         data_version=dg.DataVersion(summary["sha256"][:16]),
         check_results=[check],
     )
+
+
+EXPORT_RECORD = "deploy_export_done.json"  # what the files of a finished launch came from
+
+
+def _identities(files: list[Path]) -> dict[str, list[int]]:
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+
+
+def keep_export(run_dir: Path, record: dict[str, Any], files: list[Path]) -> None:
+    atomic_write_text(run_dir / EXPORT_RECORD, json.dumps({**record, "files": _identities(files)}))
+
+
+def same_export(run_dir: Path, record: dict[str, Any], files: list[Path]) -> bool:
+    """The files in ``run_dir`` are those a launch with ``record`` (arguments, config) left."""
+    try:
+        kept = json.loads((run_dir / EXPORT_RECORD).read_text())
+        return kept == {**record, "files": _identities(files)}
+    except (OSError, ValueError):
+        return False
