@@ -4,6 +4,7 @@ seeds derived from SHA256 of values (the same draw in every process)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -13,6 +14,17 @@ def sha256_file(path: Path | str, chunk_bytes: int = 16 << 20) -> str:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
+
+
+def file_identities(paths: Iterable[Path | str]) -> dict[str, list[int]]:
+    """Each file by (size, modification time in ns), named as given: what a record of a finished job
+    keeps of the files it read and wrote, checked without reading them (a rewritten file changes its
+    mtime). Raises OSError for a missing file."""
+    out: dict[str, list[int]] = {}
+    for p in paths:
+        st = Path(p).stat()
+        out[str(p)] = [st.st_size, st.st_mtime_ns]
+    return out
 
 
 def seed_int(*parts: object) -> int:

@@ -39,24 +39,20 @@ project = Gc25dProject(
 eval_config = {"clip28_clips": 1, "chain241_chains": 0, "teacher_steps": 1, "decode": False, "live_sweeps": []}
 with dg.instance_for_test() as instance:
     instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
-    result = dg.materialize(
-        [deploy_export, eval_asset],
-        partition_key="v000001",
-        instance=instance,
-        resources={"project": project, "torchrun": TorchrunLauncher()},
-        run_config={"ops": {"eval": {"config": eval_config}}},
-        raise_on_error=False,
-    )
+
+    def materialize():
+        return dg.materialize(
+            [deploy_export, eval_asset],
+            partition_key="v000001",
+            instance=instance,
+            resources={"project": project, "torchrun": TorchrunLauncher()},
+            run_config={"ops": {"eval": {"config": eval_config}}},
+            raise_on_error=False,
+        )
+
+    result = materialize()
     (md,) = [m.metadata for m in result.asset_materializations_for_node("eval")] or [{}]
-    # again with nothing changed: neither job is launched
-    again = dg.materialize(
-        [deploy_export, eval_asset],
-        partition_key="v000001",
-        instance=instance,
-        resources={"project": project, "torchrun": TorchrunLauncher()},
-        run_config={"ops": {"eval": {"config": eval_config}}},
-        raise_on_error=False,
-    )
+    again = materialize()  # nothing changed: neither job is launched
     relaunched = {
         name: [m.metadata["launched"].value for m in again.asset_materializations_for_node(name)]
         for name in ("deploy_export", "eval")

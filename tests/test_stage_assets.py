@@ -99,14 +99,14 @@ def _project(tmp_path: Path) -> Gc25dProject:
     return Gc25dProject(preset="tiny", store=ArtifactStore(runs_root=str(tmp_path / "runs")))
 
 
-def _materialize(assets, project: Gc25dProject, key: str = "v000001", run_config=None):
+def _materialize(assets, project: Gc25dProject, key: str = "v000001", run_config=None, launcher=None):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("cache_snapshots", [key])
         return dg.materialize(
             assets,
             partition_key=key,
             instance=instance,
-            resources={"project": project, "torchrun": TorchrunLauncher(nproc_per_node=1)},
+            resources={"project": project, "torchrun": launcher or TorchrunLauncher(nproc_per_node=1)},
             run_config=run_config or {},
             raise_on_error=False,
         )
@@ -210,16 +210,7 @@ def test_a_finished_run_with_the_same_config_is_not_launched_again(tmp_path, pub
     run_dir = _finished_sft(tmp_path, project)
 
     def materialize(run_config=None):
-        with dg.instance_for_test() as instance:
-            instance.add_dynamic_partitions("cache_snapshots", ["v000001"])
-            return dg.materialize(
-                [sft],
-                partition_key="v000001",
-                instance=instance,
-                resources={"project": project, "torchrun": _RefusingLauncher()},
-                run_config=run_config or {},
-                raise_on_error=False,
-            )
+        return _materialize([sft], project, run_config=run_config, launcher=_RefusingLauncher())
 
     result = materialize()
     assert result.success

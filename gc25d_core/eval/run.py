@@ -51,12 +51,12 @@ from gc25d_core.eval.store import (
     ResultStore,
     code_version,
     context_doc,
-    file_identities,
     job_key,
     row_key,
     used_files,
 )
 from gc25d_core.eval.sweeps import Case
+from gc25d_core.hashing import file_identities
 from gc25d_core.report import Reporter
 
 # the job's live session code and world (gc25d_core.jobs.eval_live.DeployBackend): (vae, device) -> backend

@@ -24,6 +24,7 @@ from typing import Any
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.config import Gc25dConfig
+from gc25d_core.hashing import file_identities
 
 STORE_DIR = "eval_results"
 _CORE = Path(__file__).resolve().parents[1]
@@ -82,16 +83,6 @@ def used_files(cfg: Gc25dConfig, uses_vae: bool) -> list[Path]:
     return [] if found is None else [found[0]]
 
 
-def file_identities(paths: list[Path]) -> dict[str, list[Any]]:
-    """Each file by (size, modification time in ns), named as the config names it (a relative data
-    root stays relative: the record pins no checkout): cheap to check in a process that loads no model."""
-    out: dict[str, list[Any]] = {}
-    for p in paths:
-        st = Path(p).stat()
-        out[str(p)] = [st.st_size, st.st_mtime_ns]
-    return out
-
-
 def finished_eval(cfg: Gc25dConfig, run_dir: Path) -> Any:
     """The ``EvalOutput`` of a finished eval job in ``run_dir`` with this very key, the files it read
     unchanged and its report files all there: a launch would compute nothing. None: launch it (the
@@ -109,7 +100,7 @@ def finished_eval(cfg: Gc25dConfig, run_dir: Path) -> Any:
     if out.job_key != key or not all((run_dir / f).is_file() for f in reports):
         return None
     try:
-        same = file_identities([Path(p) for p in out.depends_on]) == out.depends_on
+        same = file_identities(out.depends_on) == out.depends_on
     except OSError:
         return None
     return out if same else None

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from gc25d_core.atomic import atomic_write_text, sweep_stale_tmp
 from gc25d_core.distributed import dist_active, global_rank, shard, world_size
 from gc25d_core.faults import maybe_inject_fault
+from gc25d_core.hashing import file_identities
 from gc25d_core.index import ClipRow
 from gc25d_core.report import Reporter, human_bytes
 
@@ -289,14 +290,6 @@ def run_task(
 CLIPS_DONE = "clips_done.json"  # a finished clip job's record in its run folder
 
 
-def _identities(paths: Sequence[Path]) -> dict[str, list[int]]:
-    out = {}
-    for p in paths:
-        st = Path(p).stat()
-        out[str(p)] = [st.st_size, st.st_mtime_ns]
-    return out
-
-
 def keep_finished_clip_job(
     run_dir: Path, inputs: Sequence[Path], outputs: Sequence[Path], summary: dict[str, Any]
 ) -> None:
@@ -305,8 +298,8 @@ def keep_finished_clip_job(
 
     record = {
         "config_sha256": hashlib.sha256((Path(run_dir) / "config.yaml").read_bytes()).hexdigest(),
-        "inputs": _identities(inputs),
-        "outputs": _identities(outputs),
+        "inputs": file_identities(inputs),
+        "outputs": file_identities(outputs),
         "summary": summary,
     }
     atomic_write_text(Path(run_dir) / CLIPS_DONE, json.dumps(record, sort_keys=True))
@@ -323,7 +316,7 @@ def finished_clip_job(run_dir: Path, config_text: str) -> dict[str, Any] | None:
         if record["config_sha256"] != hashlib.sha256(config_text.encode()).hexdigest():
             return None
         for files in (record["inputs"], record["outputs"]):
-            if _identities([Path(p) for p in files]) != files:
+            if file_identities(files) != files:
                 return None
         return dict(record["summary"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gc25d_core.config import Gc25dConfig
+from gc25d_core.hashing import file_identities
 
 GAP_MODES = ("cond", "uncond", "null_text")
 
@@ -209,11 +210,6 @@ def sft_preview(run_dir: Path | str, cfg: Gc25dConfig, t_req: float = 500.0) -> 
     return out
 
 
-def _file_identity(path: Path) -> list[Any]:
-    st = path.stat()
-    return [path.name, st.st_size, st.st_mtime_ns]
-
-
 def keep_sample(record: Path, export: Path, made: dict[str, Any]) -> None:
     """The sample's strip beside ``record`` (.png) and its fields in ``record`` (JSON), with the
     identity of the export it came from."""
@@ -222,7 +218,7 @@ def keep_sample(record: Path, export: Path, made: dict[str, Any]) -> None:
     atomic_write_bytes(record.with_suffix(".png"), made["sample_png"])
     doc = {k: v for k, v in made.items() if k != "sample_png"}
     doc["sample_video"] = Path(made["sample_video"]).name
-    doc["export"] = _file_identity(export)
+    doc["export"] = file_identities([export])
     atomic_write_text(record, json.dumps(doc, sort_keys=True))
 
 
@@ -234,7 +230,7 @@ def kept_sample(record: Path, export: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     video = record.parent / str(doc.get("sample_video", ""))
-    if doc.get("export") != _file_identity(export) or not video.is_file():
+    if doc.get("export") != file_identities([export]) or not video.is_file():
         return None
     return {
         "sample_video": video,

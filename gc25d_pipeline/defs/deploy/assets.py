@@ -21,6 +21,7 @@ from pydantic import Field
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.config import to_yaml
 from gc25d_core.handoff import FINAL, read_handoff
+from gc25d_core.hashing import file_identities
 from gc25d_core.schema import ConfigError
 from gc25d_core.stages import STAGES
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
@@ -92,8 +93,13 @@ def deploy_export(
         "--summary",
         str(summary_file),
     ]
-    # the same source (by its SHA256), settings and config as the files there: no launch
-    record = {"args": args, "config_sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest()}
+    # the same source, label and config as the files there: no launch (the source by its SHA256,
+    # not by its path: the record pins no checkout)
+    record = {
+        "source_sha256": sha,
+        "label": label,
+        "config_sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest(),
+    }
     launched = not same_export(run_dir, record, [out, summary_file])
     if launched:
         one_rank = torchrun.model_copy(update={"nproc_per_node": 1, "nnodes": 1})  # one file to write
@@ -131,18 +137,18 @@ def deploy_export(
 EXPORT_RECORD = "deploy_export_done.json"  # what the files of a finished launch came from
 
 
-def _identities(files: list[Path]) -> dict[str, list[int]]:
-    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+def _by_name(files: list[Path]) -> dict[str, list[int]]:
+    return {Path(p).name: v for p, v in file_identities(files).items()}
 
 
 def keep_export(run_dir: Path, record: dict[str, Any], files: list[Path]) -> None:
-    atomic_write_text(run_dir / EXPORT_RECORD, json.dumps({**record, "files": _identities(files)}))
+    atomic_write_text(run_dir / EXPORT_RECORD, json.dumps({**record, "files": _by_name(files)}))
 
 
 def same_export(run_dir: Path, record: dict[str, Any], files: list[Path]) -> bool:
-    """The files in ``run_dir`` are those a launch with ``record`` (arguments, config) left."""
+    """The files in ``run_dir`` are those a launch with ``record`` (source, label, config) left."""
     try:
         kept = json.loads((run_dir / EXPORT_RECORD).read_text())
-        return kept == {**record, "files": _identities(files)}
+        return kept == {**record, "files": _by_name(files)}
     except (OSError, ValueError):
         return False
