@@ -541,7 +541,7 @@ SUITES: dict[str, Suite] = {
     "small-chain": Suite(
         "nvidia-h200",
         "the small preset's whole chain (issue 35) up to phase {1} (sft, stage1_tf, stage2_cd, stage3_dmd, "
-        "deploy, eval), resuming in /tmp/small: one call per phase group, back to back on one warm machine",
+        "deploy, fast_decoder, eval), resuming in /tmp/small: one call per phase group, back to back on one warm machine",
         (
             Step(
                 py("-m bench.quality.small_chain --root /tmp/small --cpu-ranks 12 --through {1}"),

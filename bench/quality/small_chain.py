@@ -12,6 +12,7 @@ Usage (GPU machine; one call per line, back to back on one warm machine):
     python -m bench.quality.small_chain --root /tmp/small --through sft --cpu-ranks 12
     python -m bench.quality.small_chain --root /tmp/small --through stage2_cd
     python -m bench.quality.small_chain --root /tmp/small --through stage3_dmd
+    python -m bench.quality.small_chain --root /tmp/small --through fast_decoder   # deploy + the fast decoder
     python -m bench.quality.small_chain --root /tmp/small --through eval      # live2400 + the dataset sweeps
 Smoke (here, CPU): python -m bench.quality.small_chain --root /tmp/small_smoke --smoke
 """
@@ -27,7 +28,10 @@ from typing import Any
 from bench.quality import small_preset
 from bench.quality.small_preset import launch, phase
 
-PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "eval")
+PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "fast_decoder", "eval")
+# issue 34: the fast decoder distilled from the preset's VAE on its latents (the fast_decoder asset's
+# job), its record (held-out PSNR vs the VAE and vs the frames, ms a cell) printed; --smoke: a few steps
+SMOKE_FAST_DECODER: dict[str, Any] = {"steps": 4, "batch": 2, "max_clips": 2}
 # --smoke: a few steps of each stage on CPU (fp32, one rank), enough to pass every hand-off
 SMOKE_STAGE: dict[str, Any] = {
     "precision": "fp32",
@@ -145,6 +149,17 @@ def main(argv: list[str] | None = None) -> None:
         + ["--summary", str(deploy_run / "deploy.json"), "--label", f"{last.name} step {h.step}"],
     )
     phase("deploy", t0, run_dir=str(deploy_run))
+    if stop < PHASES.index("fast_decoder"):
+        return
+
+    from gc25d_core.models.fast_decoder import record_file
+
+    fd = {"enabled": True, **(SMOKE_FAST_DECODER if args.smoke else {})}
+    fcfg = cfg.model_copy(update={"fast_decoder": cfg.fast_decoder.model_copy(update=fd)})
+    t0 = time.perf_counter()
+    launch("gc25d_core.jobs.fast_decoder", fcfg, runs_root / "fast_decoder" / "default", 1)
+    record = json.loads(record_file(fcfg).read_text())
+    phase("fast_decoder", t0, record={k: v for k, v in record.items() if not isinstance(v, (dict, list))})
     if stop < PHASES.index("eval"):
         return
 
