@@ -20,11 +20,14 @@ import base64
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.hashing import file_identities
+
+if TYPE_CHECKING:
+    from gc25d_core.eval.spec import EvalOutput
 
 STORE_DIR = "eval_results"
 _CORE = Path(__file__).resolve().parents[1]
@@ -83,7 +86,7 @@ def used_files(cfg: Gc25dConfig, uses_vae: bool) -> list[Path]:
     return [] if found is None else [found[0]]
 
 
-def finished_eval(cfg: Gc25dConfig, run_dir: Path) -> Any:
+def finished_eval(cfg: Gc25dConfig, run_dir: Path) -> EvalOutput | None:
     """The ``EvalOutput`` of a finished eval job in ``run_dir`` with this very key, the files it read
     unchanged and its report files all there: a launch would compute nothing. None: launch it (the
     job keeps the rows it can)."""

@@ -38,7 +38,7 @@ def _rgb_frame(job: tuple[WorldConfig, GeometryConfig, Any]) -> np.ndarray:
 
 class KeptCellsWorld:
     """A ``LiveWorld`` whose cells are kept by the actions since ``reset`` that led to them: a
-    session that replays a kept path gets the kept ids (the same arrays the world would draw); the
+    session that replays a kept path gets a copy of the kept ids (what the world would draw); the
     world itself catches up on the path's untaken blocks when a session leaves it. The numpy
     renderer's cells only (host arrays); ``cells`` is shared by the sessions of one rank."""
 
@@ -64,15 +64,15 @@ class KeptCellsWorld:
         self._path = hashlib.sha256(self._path + block.tobytes()).digest()
         self._untaken.append(block)
         kept = self.cells.get(self._path)
-        if kept is not None:
-            return kept
+        if kept is not None:  # a session's own copy: the runtime's tensors may share its memory
+            return kept[0].copy(), kept[1]
         for b in self._untaken[:-1]:  # the world is where the last drawn cell left it
             self.world.advance(b)
         ids4, key = self.world.advance(block)
         assert isinstance(ids4, np.ndarray)
-        ids4.flags.writeable = False  # shared by every session that takes this path
         self._untaken = []
-        self.cells[self._path] = (ids4, key)
+        self.cells[self._path] = (ids4.copy(), key)  # kept apart from what this session is handed
+        self.cells[self._path][0].flags.writeable = False
         return ids4, key
 
 

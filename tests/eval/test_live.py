@@ -129,8 +129,13 @@ def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world)
         for (ids, key), (want_ids, want_key) in zip(got, drawn(blocks), strict=True):
             assert np.array_equal(ids, want_ids) and key == want_key
     assert len(cells) == CELLS + (CELLS - 2)  # the fork's cells 3.. are its own
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # the kept arrays are read-only; a session gets its own copy
         next(iter(cells.values()))[0][0, 0, 0] = 1
+    kept = KeptCellsWorld(LiveWorld(backend.world, cfg.geometry), cells)
+    kept.reset(with_rgb=False)
+    handed, _ = kept.advance(own[0])
+    handed[...] = 0  # writable, and not the kept array: the kept one is still the world's
+    assert np.array_equal(next(iter(cells.values()))[0], drawn(own[:1])[0][0])
 
 
 def cfg_frame(cfg) -> tuple[int, int]:
