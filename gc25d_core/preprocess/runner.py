@@ -11,6 +11,7 @@ only those). Failures are also written to ``<run_dir>/failures/rank-<r>.json``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import time
@@ -294,8 +295,6 @@ def keep_finished_clip_job(
     run_dir: Path, inputs: Sequence[Path], outputs: Sequence[Path], summary: dict[str, Any]
 ) -> None:
     """What a finished job read and wrote, by file identity (size, mtime), under the config it ran."""
-    import hashlib
-
     record = {
         "config_sha256": hashlib.sha256((Path(run_dir) / "config.yaml").read_bytes()).hexdigest(),
         "inputs": file_identities(inputs),
@@ -309,8 +308,6 @@ def finished_clip_job(run_dir: Path, config_text: str) -> dict[str, Any] | None:
     """The summary of the clip job finished in ``run_dir`` under ``config_text`` (the config.yaml a
     launch would write) whose index, inputs and every output are the files it left: the job would
     find every clip built. None: launch it (it checks each clip itself)."""
-    import hashlib
-
     try:
         record = json.loads((Path(run_dir) / CLIPS_DONE).read_text())
         if record["config_sha256"] != hashlib.sha256(config_text.encode()).hexdigest():

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig, to_yaml
 from gc25d_core.preprocess.runner import finished_clip_job
-from gc25d_pipeline.lib.launcher import JobLauncher
+from gc25d_pipeline.lib.launcher import JobLauncher, summary_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 
 
@@ -88,15 +88,7 @@ def clip_job_asset(
             context.log.info(
                 f"{name}: {done['num_clips']} clips as built before (index, inputs, files unchanged)"
             )
-            mat = dg.MaterializeResult(
-                metadata={
-                    "launched": False,
-                    **{
-                        k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-                        for k, v in done.items()
-                    },
-                }
-            )
+            mat = dg.MaterializeResult(metadata={"launched": False, **summary_metadata(done)})
         else:
             mat = launcher.launch(context, module, cfg, run_dir, args).get_materialize_result()
         metadata = dict(mat.metadata or {})

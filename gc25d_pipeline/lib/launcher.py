@@ -66,6 +66,16 @@ PERMANENT_ERRORS = (
 )
 
 
+def summary_metadata(summary: dict[str, Any]) -> dict[str, Any]:
+    """A job's recorded summary as the asset's own metadata, for a step that launches nothing (what
+    the job's Pipes report would carry): nested values as JSON, None left out."""
+    return {
+        k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+        for k, v in summary.items()
+        if v is not None
+    }
+
+
 @dataclass(frozen=True)
 class RankError:
     local_rank: int

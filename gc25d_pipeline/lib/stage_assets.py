@@ -32,7 +32,7 @@ from gc25d_core.train.metrics import JsonlLog, curves_png
 from gc25d_core.train.presets import with_stage
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.clip_jobs import png_markdown
-from gc25d_pipeline.lib.launcher import JobLauncher
+from gc25d_pipeline.lib.launcher import JobLauncher, summary_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.snapshots import published_snapshot
 
@@ -300,16 +300,6 @@ def curves_metadata(run_dir: Path) -> dict[str, Any]:
     if (run_dir / TENSORBOARD_DIR).is_dir():
         md["tensorboard"] = dg.MetadataValue.path(str(run_dir / TENSORBOARD_DIR))
     return md
-
-
-def summary_metadata(summary: dict[str, Any]) -> dict[str, Any]:
-    """A job's summary as the asset's own metadata (what its Pipes report would carry): nested values
-    as JSON, None left out."""
-    return {
-        k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-        for k, v in summary.items()
-        if v is not None
-    }
 
 
 def _key_of(dep: dg.AssetsDefinition | str) -> dg.AssetKey:
