@@ -75,17 +75,18 @@ def _scenes(n: int, seed: int, frames: int = 9) -> list[np.ndarray]:
     return out
 
 
-def test_fitted_vae_reconstructs_held_out_frames_within_the_bound():
+def test_fitted_vae_reconstructs_held_out_frames_within_the_bound(one_thread):
     """Fitted on 6 clips, tested on 3 it never saw: the reconstruction MSE (pixels in [-1, 1]) is
-    below 0.4 and below 0.95 of the unfitted VAE's. Measured (2026-12-01): 0.369 vs 0.405. A weak
-    bound: 60 CPU steps only start the fit (the tiny_vae asset's 160 steps on code-world frames
-    reach 0.087 held-out, docs/learning_signal.md); a tighter one needs a longer, costlier fit.
+    below 0.4 and below 0.95 of the unfitted VAE's. Measured (2026-12-02, one thread): 0.343 vs
+    0.405. A weak bound: 60 CPU steps only start the fit (the tiny_vae asset's 160 steps on
+    code-world frames reach 0.087 held-out, docs/learning_signal.md), and this short a fit wanders
+    with the kernels' rounding (lr 2e-3 gave 0.37-0.40 by thread count), hence one thread.
     """
     from gc25d_core.models.vae import build_vae
     from gc25d_core.models.vae_fit import recon_mse, set_norm
 
     train, held = _scenes(6, seed=1), _scenes(3, seed=2)
-    vae, _ = fit_tiny_vae(train, steps=60, batch=2, frames=5, lr=2e-3, seed=0)
+    vae, _ = fit_tiny_vae(train, steps=60, batch=2, frames=5, lr=3e-3, seed=0)
     torch.manual_seed(0)
     random = build_vae(tiny=True)
     set_norm(random, torch.zeros(48), torch.ones(48))
