@@ -11,11 +11,10 @@ rates exactly."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
-
-import sys
 
 from gc25d_core.report import StdoutReporter
 from gc25d_core.train.loop import run_stage
