@@ -12,7 +12,7 @@ Usage (GPU machine; one call per line, back to back on one warm machine):
     python -m bench.quality.small_chain --root /tmp/small --through sft --cpu-ranks 12
     python -m bench.quality.small_chain --root /tmp/small --through stage2_cd
     python -m bench.quality.small_chain --root /tmp/small --through stage3_dmd
-    python -m bench.quality.small_chain --root /tmp/small --through fast_decoder   # deploy + the fast decoder
+    python -m bench.quality.small_chain --root /tmp/small --through fast_decoder   # deploy, fast decoder, levers' error
     python -m bench.quality.small_chain --root /tmp/small --through eval      # live2400 + the dataset sweeps
 Smoke (here, CPU): python -m bench.quality.small_chain --root /tmp/small_smoke --smoke
 """
@@ -32,6 +32,10 @@ PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "fast_decoder
 # issue 34: the fast decoder distilled from the preset's VAE on its latents (the fast_decoder asset's
 # job), its record (held-out PSNR vs the VAE and vs the frames, ms a cell) printed; --smoke: a few steps
 SMOKE_FAST_DECODER: dict[str, Any] = {"steps": 4, "batch": 2, "max_clips": 2}
+# the deploy levers whose error on the trained student is measured (CPU smoke: no FP8 there)
+LEVER_CHECKS = ("--decoder fast", "--fp8")
+SMOKE_LEVER_CHECKS = ("--decoder fast",)
+LEVER_CELLS = 240
 # --smoke: a few steps of each stage on CPU (fp32, one rank), enough to pass every hand-off
 SMOKE_STAGE: dict[str, Any] = {
     "precision": "fp32",
@@ -160,6 +164,16 @@ def main(argv: list[str] | None = None) -> None:
     launch("gc25d_core.jobs.fast_decoder", fcfg, runs_root / "fast_decoder" / "default", 1)
     record = json.loads(record_file(fcfg).read_text())
     phase("fast_decoder", t0, record={k: v for k, v in record.items() if not isinstance(v, (dict, list))})
+    # issue 34: FP8's and the fast decoder's error on this trained student, each beside the CLI's
+    # default path through the session the CLI opens (bench.quality.lever_error prints its record)
+    from bench.quality import lever_error
+
+    for against in SMOKE_LEVER_CHECKS if args.smoke else LEVER_CHECKS:
+        t0 = time.perf_counter()
+        argv = ["--preset", str(runs_root / "fast_decoder" / "default" / "config.yaml")]
+        argv += ["--export", str(deploy_run / "deploy.safetensors"), f"--against={against}"]
+        lever_error.main([*argv, "--cells", str(8 if args.smoke else LEVER_CELLS)])
+        phase("lever_error", t0, against=against)
     if stop < PHASES.index("eval"):
         return
 

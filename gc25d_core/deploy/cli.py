@@ -22,7 +22,8 @@ from gc25d_core.deploy.runtime import RuntimeOptions
 from gc25d_core.deploy.world import WorldConfig
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def add_session_options(p: argparse.ArgumentParser) -> None:
+    """The options that open a live session (play, serve, and the benches that open one the same way)."""
     p.add_argument("--preset", default="tiny", help="configs/<preset>.yaml (default: the embedded tiny one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--export", type=Path, default=None, help="a causal export (default: the newest)")
@@ -108,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     play = sub.add_parser("play", help="scripted actions -> MP4 of RGB | ids")
-    _common(play)
+    add_session_options(play)
     src = play.add_mutually_exclusive_group()
     src.add_argument("--actions", default="fwd*6,run_right*4,light*2,left*4,idle*4", help="action script")
     src.add_argument("--clip-actions", type=Path, default=None, help="actions_block_0.25s.npy of a run")
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--cells", type=int, default=None, help="at most this many cells")
     play.add_argument("--out", type=Path, default=Path("outputs/play.mp4"))
     serve = sub.add_parser("serve", help="the local web page")
-    _common(serve)
+    add_session_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument(
