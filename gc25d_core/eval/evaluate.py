@@ -344,16 +344,21 @@ def roll_cases(
     for sweep, i in every[rank::world_size]:
         case = cases[sweep][i]
         assert case.other_ids is not None and case.other_keys is not None
-        rolls = []
-        for ids, keys in ((case.ids, case.keys), (case.other_ids, case.other_keys)):
-            gen = torch.Generator(device).manual_seed(seed_int(ecfg.seed, sweep, case.case_id))
-            rolls.append(sampler(case.anchor[None], ids[None], keys, case.num_cells, gen)[0].cpu())
+        # the own and the swapped conditioning as one batch, each row with the same noise as alone
+        seed = seed_int(ecfg.seed, sweep, case.case_id)
+        gens = [torch.Generator(device).manual_seed(seed) for _ in range(2)]
+        both = sampler(
+            case.anchor[None].repeat(2, *([1] * case.anchor.ndim)),
+            torch.stack([case.ids, case.other_ids]),
+            [case.keys, case.other_keys],
+            case.num_cells,
+            gens,
+        ).cpu()
+        rolls = [both[0], both[1]]
         frames = None
         if decode is not None:
-            frames = (
-                M.to_uint8_frames(decode(rolls[0][None])),
-                M.to_uint8_frames(decode(rolls[1][None])),
-            )
+            decoded = decode(both)
+            frames = (M.to_uint8_frames(decoded[:1]), M.to_uint8_frames(decoded[1:]))
         scored = score_case(case, rolls[0], rolls[1], ref, ecfg.psnr_cap_db, frames)
         rollout = None
         if i < keep_rollouts:

@@ -11,8 +11,11 @@
   with) and generates the rest; its ids start at the last frame of its first cell (a TI2V cell 0 is
   one frame). 28 cells = 21 + 7 new, 61 cells = 21 + 20 + 20.
 
-Every sampler takes (anchor [1, 48, 1, H, W], ids uint8 [1, F, h, w], text keys [N], N, generator)
-and returns float32 latents [1, 48, N, H, W]. The generator lives on the model's device.
+Every sampler takes (anchor [B, 48, 1, H, W], ids uint8 [B, F, h, w], text keys [B][N], N, one
+generator per row) and returns float32 latents [B, 48, N, H, W]. Each row draws its noise from its
+own generator exactly as it would rolled out alone (the generators live on the model's device), so
+a case's own and swapped rollouts run as one batch and differ from two single rollouts only by the
+batched kernels' rounding.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from gc25d_core.text import TextBank
 
 class Sampler(Protocol):
     def __call__(
-        self, anchor: torch.Tensor, ids: torch.Tensor, keys: list[str], num_cells: int, gen: torch.Generator
+        self,
+        anchor: torch.Tensor,
+        ids: torch.Tensor,
+        keys: list[list[str]],
+        num_cells: int,
+        gens: Sequence[torch.Generator],
     ) -> torch.Tensor: ...
 
     def describe(self) -> dict[str, Any]: ...
@@ -53,11 +61,11 @@ class CausalSampler:
         }
 
     @torch.no_grad()
-    def __call__(self, anchor, ids, keys, num_cells, gen):
-        from gc25d_core.models.sampler import kv_rollout
+    def __call__(self, anchor, ids, keys, num_cells, gens):
+        from gc25d_core.models.sampler import RowGroups, kv_rollout
 
         device = next(self.model.parameters()).device
-        bank, index = self.text.context([keys])
+        bank, index = self.text.context(keys)
         out = kv_rollout(
             self.model,
             anchor.to(device=device, dtype=_dtype(self.model)),
@@ -67,7 +75,7 @@ class CausalSampler:
             context=bank,
             context_index=index,
             sem_ids=ids.to(device),
-            generator=gen,
+            groups=RowGroups(gens, [len(self.axis) - 1] * len(gens)),
         )
         return out.float()
 
@@ -110,25 +118,30 @@ class TeacherSampler:
 
     @torch.no_grad()
     def window_sample(
-        self, context: torch.Tensor, ids: torch.Tensor, keys: list[str], new: int, gen: torch.Generator
+        self,
+        context: torch.Tensor,
+        ids: torch.Tensor,
+        keys: list[list[str]],
+        new: int,
+        gens: Sequence[torch.Generator],
     ) -> torch.Tensor:
-        """``new`` cells after the clean ``context`` [1, 48, k, H, W]: the window's new cells."""
+        """``new`` cells after the clean ``context`` [B, 48, k, H, W]: the window's new cells."""
         device, dtype = context.device, _dtype(self.model)
         k = context.shape[2]
         n = k + new
         shape = (1, context.shape[1], n, *context.shape[3:])
-        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        x = torch.cat([torch.randn(shape, generator=g, device=device, dtype=torch.float32) for g in gens])
         x[:, :, :k] = context
-        bank, index = self.text.context([keys])
+        bank, index = self.text.context(keys)
         for t, t_next in zip(self.points, self.points[1:], strict=False):
-            t_cells = torch.full((1, n), t, device=device)
+            t_cells = torch.full((x.shape[0], n), t, device=device)
             t_cells[:, :k] = 0.0
             v = self.model(x.to(dtype), t_cells, bank, ids, context_index=index).float()
             x = self.schedule.euler_step(x, v, t, t_next)
             x[:, :, :k] = context  # held clean: only the new cells move
         return x[:, :, k:]
 
-    def __call__(self, anchor, ids, keys, num_cells, gen):
+    def __call__(self, anchor, ids, keys, num_cells, gens):
         device = next(self.model.parameters()).device
         cells = [anchor.to(device).float()]
         ids = ids.to(device)
@@ -141,7 +154,7 @@ class TeacherSampler:
             # the window's first cell is its TI2V cell 0: one frame, the last one of that cell
             f0 = 0 if a == 0 else self.fpc * a
             win_ids = ids[:, f0 : self.fpc * (a + k + new - 1) + 1]
-            out = self.window_sample(context, win_ids, keys[a : a + k + new], new, gen)
+            out = self.window_sample(context, win_ids, [r[a : a + k + new] for r in keys], new, gens)
             cells.extend(out.split(1, dim=2))
             done += new
         return torch.cat(cells, dim=2)

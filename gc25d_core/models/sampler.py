@@ -297,11 +297,13 @@ def kv_rollout(
     sem_ids: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     record: list[dict[str, Any]] | None = None,
+    groups: RowGroups | None = None,
 ) -> torch.Tensor:
     """Generate cells 1..num_cells-1 after the clean ``anchor`` [B, C, 1, H, W]; returns
     ``[B, C, num_cells, H, W]`` (cell 0 = anchor). ``context``: shared [B, Lc, Dt], per cell
     [B, N, Lc, Dt], or a bank [B, P, Lc, Dt] with ``context_index`` [B, N]. ``sem_ids``: the clip's
-    raw ids [B, 1 + 4(N-1), H*16, W*16]."""
+    raw ids [B, 1 + 4(N-1), H*16, W*16]. ``groups`` instead of ``generator``: row groups that each
+    draw their noise as they would alone (``RowGroups``)."""
     from gc25d_core.models.sem_cond import cell_frame_slice
 
     streamer = CausalStreamer(model, spec, timesteps)
@@ -313,5 +315,6 @@ def kv_rollout(
     streamer.start(anchor, texts(0), sem(0))
     cells = [anchor]
     for cell in range(1, num_cells):
-        cells.append(streamer.step(texts(cell), sem(cell), generator=generator, record=record))
+        how: dict[str, Any] = {"generator": generator} if groups is None else {"groups": groups}
+        cells.append(streamer.step(texts(cell), sem(cell), record=record, **how))
     return torch.cat(cells, dim=2)

@@ -82,6 +82,38 @@ def test_causal_and_teacher_exports_answer_the_same_cases(world):
     assert not list((root / "eval").rglob(".tmp-*"))
 
 
+@pytest.mark.parametrize("kind", ["stage1_tf", "sft"])
+def test_a_batch_of_rows_rolls_out_each_row_as_it_would_alone(world, kind):
+    """The own and the swapped conditioning run as one batch: each row draws the noise it would draw
+    alone from its own generator, and its latents are the single rollout's up to the batched
+    kernels' rounding (and not another row's: the rows differ)."""
+    from gc25d_core.eval.evaluate import build_sampler
+    from gc25d_core.hashing import seed_int
+
+    root, cfg, stage1, teacher = world
+    cases, _ = load_cases(cfg, FAST, None)
+    (case,) = cases["clip28"]
+    (export,) = exports_of_handoff(kind, stage1 if kind == "stage1_tf" else teacher, root)
+    sampler = build_sampler(export, cfg, FAST, torch.device("cpu"))
+    seed = seed_int(FAST.seed, "clip28", case.case_id)
+
+    def gens(n: int) -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(seed) for _ in range(n)]
+
+    rows = [(case.ids, case.keys), (case.other_ids, case.other_keys)]
+    alone = [sampler(case.anchor[None], i[None], [k], case.num_cells, gens(1))[0] for i, k in rows]
+    both = sampler(
+        case.anchor[None].repeat(2, 1, 1, 1, 1),
+        torch.stack([i for i, _ in rows]),
+        [k for _, k in rows],
+        case.num_cells,
+        gens(2),
+    )
+    for got, want in zip(both, alone, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert (alone[0] - alone[1]).abs().max() > 1e-3
+
+
 def read_export_axis(handoff: Path, runs_root: Path) -> tuple[float, ...]:
     from gc25d_core.models.export import read_export
 
@@ -100,9 +132,9 @@ def test_identical_rollouts_score_zero_error(world):
         def describe(self):
             return {"kind": "oracle"}
 
-        def __call__(self, anchor, ids, keys, num_cells, gen):
+        def __call__(self, anchor, ids, keys, num_cells, gens):
             (case,) = [c for cs in cases.values() for c in cs if c.num_cells == num_cells]
-            return ref.latents(case)[None]
+            return ref.latents(case)[None].repeat(len(gens), 1, 1, 1, 1)
 
     (export,) = exports_of_handoff("oracle", stage1, root)
     r = evaluate_export(export, cfg, FAST, cases, ref, sampler=Oracle())
