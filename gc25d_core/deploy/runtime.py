@@ -20,7 +20,7 @@ GEMMs in the blocks' linear layers, models.fp8; ``fp8_skip`` opts layers out) an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -392,6 +392,28 @@ class DeployRuntime:
         done.synchronize()
         self._pending_decode = None
         return video_to_frames(video)
+
+    @torch.no_grad()
+    def decode_rows(self, rows: Sequence[torch.Tensor]) -> list[np.ndarray]:
+        """Several sessions' latents ``[48, N, h, w]`` (cell 0 the anchor; one N for all), played
+        with ``options.decode`` off, decoded as one batch through a fresh stream of this runtime's
+        VAE decoder (its weights and dtype): per row uint8 frames ``[1 + 4(N - 1), H, W, 3]``, what
+        the session shows with its decode on up to the batched convolutions' rounding. Eval's live
+        sweeps: on a CPU two rows decode in about 0.6 of the time of two single streams."""
+        from gc25d_core.models.vae import StreamingDecoder, video_to_frames
+
+        if not isinstance(self.decoder, StreamingDecoder):
+            raise ValueError("decode_rows decodes through the VAE (options.decoder 'vae')")
+        if len({r.shape for r in rows}) != 1:
+            raise ValueError(f"rows of one shape only, got {[list(r.shape) for r in rows]}")
+        z = torch.stack(list(rows)).to(self.device)
+        stream = StreamingDecoder(self.decoder.vae, dtype=self.decoder.dtype)
+        out: list[list[np.ndarray]] = [[] for _ in rows]
+        for k in range(z.shape[2]):
+            video = stream.push(z[:, :, k : k + 1]).clamp_(-1, 1)
+            for b, frames in enumerate(out):
+                frames.append(video_to_frames(video[b]))
+        return [np.concatenate(frames) for frames in out]
 
     def flush(self) -> list[np.ndarray]:
         """Frames still in flight on the decode stream (the last cell's)."""

@@ -98,6 +98,13 @@ class LiveSession:
         self._latent = encode_frames(self.encoder, anchor[None])[None]  # [1, 48, 1, h, w]
         self.runtime.warm_up(self._latent, ids0, key0)  # graphs + autotune (GPU), before any frame
 
+    @property
+    def anchor_latent(self) -> torch.Tensor:
+        """The anchor's VAE encode ``[1, 48, 1, h, w]``, every ``start``'s cell 0."""
+        self.prepare()
+        assert self._latent is not None
+        return self._latent
+
     def start(self) -> list[np.ndarray]:
         self.prepare()
         rgb, ids0, key0 = self.world.reset(with_rgb=self.anchor_rgb is None)  # frame 0 is kept

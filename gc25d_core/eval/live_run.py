@@ -23,7 +23,9 @@ from gc25d_core.eval import live as L
 from gc25d_core.eval.live_score import FRAME_METRICS, assemble_live, score_rollout
 from gc25d_core.eval.spec import EvalExport
 
-Task = tuple[str, str, str]  # (export label, sweep, rollout kind)
+Task = tuple[str, str, tuple[str, ...]]  # (export label, sweep, rollout kinds played as one task)
+# the own and the other session have one length: played by one session, decoded as one batch
+TASK_KINDS: tuple[tuple[str, ...], ...] = (("own", "other"), ("changed",))
 
 
 def shard(tasks: Sequence[Task], cost: Callable[[Task], int], world: int) -> list[list[Task]]:
@@ -87,29 +89,30 @@ def run_live(
         name: shared_truth(backend, plays[name]["own"], run_dir / "live" / f"{name}_truth.npy")
         for name in sorted(sweeps)
     }
-    tasks = [(e.label, s.name, kind) for e, s in pending for kind in L.KINDS]
-    mine = shard(tasks, lambda t: sweeps[t[1]].rollout_cells(t[2]), world)[rank]
+    assert sorted(k for kinds in TASK_KINDS for k in kinds) == sorted(L.KINDS)
+    tasks = [(e.label, s.name, kinds) for e, s in pending for kinds in TASK_KINDS]
+    mine = shard(tasks, lambda t: sum(sweeps[t[1]].rollout_cells(k) for k in t[2]), world)[rank]
     metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
     latents: dict[str, Any] = {}
-    done: dict[Task, dict[str, Any]] = {}
+    done: dict[tuple[str, str, str], dict[str, Any]] = {}
     session, loaded = None, None
-    for label, name, kind in sorted(mine):  # by export: each loaded once on this rank
+    for label, name, kinds in sorted(mine):  # by export: each loaded once on this rank
         if loaded != label:
             session, loaded = backend.session(exports[label].path, exports[label].sha256), label
         sweep, truth = sweeps[name], truths[name]
-        played = L.play(session, plays[name][kind])
-        extra: dict[str, Any] = {}
-        if kind == "own":
-            if name not in latents:
-                latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy of the map
-            extra["truth_latent"] = latents[name]
-            extra["frame_metrics"] = metrics
-        if kind == "changed":
-            extra["changed_truth"] = L.render_truth(backend, plays[name]["changed"]).frames
-        done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
-        log(
-            f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {np.mean(done[label, name, kind]['psnr']):.2f} dB"
-        )
+        played_rows = L.play_rows(session, [plays[name][kind] for kind in kinds])
+        for kind, played in zip(kinds, played_rows, strict=True):
+            extra: dict[str, Any] = {}
+            if kind == "own":
+                if name not in latents:
+                    latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy
+                extra["truth_latent"] = latents[name]
+                extra["frame_metrics"] = metrics
+            if kind == "changed":
+                extra["changed_truth"] = L.render_truth(backend, plays[name]["changed"]).frames
+            done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
+            psnr = np.mean(done[label, name, kind]["psnr"])
+            log(f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {psnr:.2f} dB")
     parts: list[Any] | None = [done]
     if dist_active():
         import torch.distributed as dist
@@ -118,7 +121,7 @@ def run_live(
         dist.gather_object(done, parts, dst=0)
     if parts is None:
         return None
-    every: dict[Task, dict[str, Any]] = {}
+    every: dict[tuple[str, str, str], dict[str, Any]] = {}
     for part in parts:
         every.update(part)
     rows = {}

@@ -35,8 +35,9 @@ def register_frame_metric(name: str, factory: Callable[[Gc25dConfig], FrameMetri
     FRAME_METRICS[name] = factory
 
 
-def frame_digests(frames: np.ndarray) -> list[str]:
-    return [hashlib.sha256(np.ascontiguousarray(f).tobytes()).hexdigest()[:16] for f in frames]
+def digests(items: np.ndarray) -> list[str]:
+    """One short SHA256 per item along the first axis."""
+    return [hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16] for x in items]
 
 
 def _frames_of(cells: range) -> slice:
@@ -71,7 +72,10 @@ def score_rollout(
     the own truth and ``changed_truth``, the truth of the changed script)."""
     f = played.frames
     n = f.shape[0]
-    out: dict[str, Any] = {"kind": kind, "digests": frame_digests(f)}
+    # the model's output per cell: the action probe's causality check (the decode is a fixed
+    # causal function of it, and a batched decode may round a row's frames differently)
+    cells = played.latents.float().permute(1, 0, 2, 3).numpy()  # [N, 48, H, W]: cells 1..N
+    out: dict[str, Any] = {"kind": kind, "digests": digests(cells)}
     gt = truth.frames[:n]
     out["psnr"] = M.psnr_per_frame(f, gt, cap)
     if kind == "other":
@@ -135,13 +139,13 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
         segments.append(seg)
     minutes = [(s["t0_s"] + s["t1_s"]) / 120.0 for s in segments]
     k, a = sweep.change_cell, sweep.after_cells
-    pre = M.cell_frames(k).start  # frames 0 … 4k−4 come before the changed action
+    pre = k - 1  # cells 1 … k−1 come before the changed action (the digests start at cell 1)
     differs = sum(x != y for x, y in zip(changed["digests"][:pre], own["digests"][:pre], strict=True))
     gen_change = float(np.abs(changed["post_frames"].astype(np.int16) - own["post_frames"]).mean() / 255.0)
     action = {
         "change_cell": k,
         "after_cells": a,
-        "frames_before_that_differ": differs,  # 0: nothing before the change moves (causal)
+        "cells_before_that_differ": differs,  # 0: nothing before the change moves (causal)
         "change_after": gen_change,  # mean |changed − own| after it, [0, 1] units
         "truth_change_after": changed["truth_change"],
         "sensitivity": gen_change / changed["truth_change"] if changed["truth_change"] > 0 else math.nan,

@@ -154,8 +154,8 @@ ids; the truth is the same script through the code world's RGB renderer.
 - **drift**: least-squares slope of the segments' PSNR, dB per minute (< 0: the picture drifts away).
 - **ΔtPSNR**: PSNR against this session's truth minus that of another script's session (same anchor,
   same noise): > 0 means the frames follow the ids they are given.
-- **action**: one action changed at a cell; *before* = frames before it that differ (0 for a causal
-  model), *sensitivity* = how much the frames after it change over how much the truth's do,
+- **action**: one action changed at a cell; *before* = cells before it whose latents differ (0 for a
+  causal model), *sensitivity* = how much the frames after it change over how much the truth's do,
   *follows* = dB nearer the changed truth than the unchanged one.
 - **revisit**: PSNR at cells whose camera returns to a view of ≥ 10 s before, minus the PSNR at
   that first visit (0: remembered as well as first drawn).
@@ -185,7 +185,7 @@ def live_table(results: Sequence[dict[str, Any]], sweep: str) -> str:
         cells = [str(r["export"]["label"]), str(r["export"]["step"])]
         cells += [_fmt(s["psnr"]) for s in sg]
         cells += [_fmt(x["drift_slope_db_per_min"]), _fmt(mean("delta_psnr")), _fmt(x["delta_psnr_min"])]
-        cells += [_fmt(mean("ssim")), _fmt(mean("latent_mse")), str(a["frames_before_that_differ"])]
+        cells += [_fmt(mean("ssim")), _fmt(mean("latent_mse")), str(a["cells_before_that_differ"])]
         cells += [_fmt(a["sensitivity"]), _fmt(a["follows_change_db"]), _fmt(x["revisit"]["consistency_db"])]
         cells += [_fmt(mean("flicker_ratio"))]
         lines.append("| " + " | ".join(cells) + " |")

@@ -89,14 +89,20 @@ class DeployBackend:
         return self.ref.model_dump(exclude={"renderer"})
 
     def session(self, export: Path, sha256: str | None) -> Any:
-        from gc25d_core.deploy.runtime import DeployRuntime
+        from gc25d_core.deploy.runtime import DeployRuntime, RuntimeOptions
         from gc25d_core.deploy.session import LiveSession
         from gc25d_core.text import load_text_table
 
         if self._table is None:
             self._table = load_text_table(self.cfg)
         runtime = DeployRuntime.load(
-            export, self._table, self.vae, vocab=self.cfg.vocab, device=self.device, expected_sha256=sha256
+            export,
+            self._table,
+            self.vae,
+            vocab=self.cfg.vocab,
+            device=self.device,
+            expected_sha256=sha256,
+            options=RuntimeOptions(decode=False),  # eval.live.play_rows decodes a session's rows as one batch
         )
         world: Any = LiveWorld(self.world, self.cfg.geometry, device=self.device)
         if world.torch is None:  # the numpy renderer: a cell's ids cost more than its denoise

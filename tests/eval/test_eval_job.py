@@ -85,7 +85,7 @@ def test_two_ranks_write_the_files_of_one_and_a_relaunch_keeps_what_was_evaluate
     assert "stage1_tf/live240_drift.png" in first and "sft/live240_drift.png" not in first  # causal only
     doc = json.loads(first["stage1_tf/metrics.json"])
     assert doc["sweeps"]["clip28"]["num_cases"] == 2 and doc["sweeps"]["chain241"]["num_cases"] == 1
-    assert doc["sweeps"]["live240"]["action"]["frames_before_that_differ"] == 0  # causal
+    assert doc["sweeps"]["live240"]["action"]["cells_before_that_differ"] == 0  # causal
     assert report_files(two) == first
     for name in ("eval_input.json", "summary.json", "stage1_tf/metrics.json", "sft/metrics.json"):
         assert str(root) not in (one / name).read_text(), f"{name} names the runs root's absolute path"

@@ -64,11 +64,18 @@ def test_the_script_walks_fights_and_comes_back():
 
 
 def test_tasks_are_shared_longest_first():
+    from gc25d_core.eval.live_run import TASK_KINDS
+
     sweep = L.LIVE_SWEEPS["live240"]
-    tasks = [(e, "live240", k) for e in ("a", "b") for k in L.KINDS]
-    parts = shard(tasks, lambda t: sweep.rollout_cells(t[2]), 2)
-    loads = [sum(sweep.rollout_cells(t[2]) for t in p) for p in parts]
-    assert sorted(t for p in parts for t in p) == sorted(tasks) and abs(loads[0] - loads[1]) <= 240
+    tasks = [(e, "live240", k) for e in ("a", "b", "c") for k in TASK_KINDS]
+
+    def cost(t):
+        return sum(sweep.rollout_cells(k) for k in t[2])
+
+    parts = shard(tasks, cost, 2)
+    loads = [sum(cost(t) for t in p) for p in parts]
+    assert sorted(t for p in parts for t in p) == sorted(tasks) and abs(loads[0] - loads[1]) <= 480
+    assert sorted(k for kinds in TASK_KINDS for k in kinds) == sorted(L.KINDS)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +111,12 @@ def test_a_seeds_session_plays_the_same_frames(world):
     assert np.array_equal(one.frames, two.frames) and np.array_equal(one.ids, two.ids)
     other = L.play(session, L.session_script(1, 4))
     assert not np.array_equal(other.ids, one.ids)
+    # two rows of one length decoded as one batch: each row's frames within a uint8 step of its own
+    both = L.play_rows(session, [blocks, L.session_script(1, 4)])
+    for got, want in zip(both, (one, other), strict=True):
+        assert np.array_equal(got.ids, want.ids) and torch.equal(got.latents, want.latents)
+        assert np.abs(got.frames.astype(int) - want.frames).max() <= 1
+    assert not torch.equal(both[0].latents, both[1].latents)  # two sessions, not one row twice
 
 
 def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world):
