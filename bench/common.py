@@ -30,6 +30,16 @@ def emit(**kw: Any) -> None:
     print(json.dumps(kw), flush=True)
 
 
+def print_result(result: dict[str, Any], out: Path | None) -> dict[str, Any]:
+    """A bench's result as its one JSON line on stdout, and in ``out`` when given."""
+    text = json.dumps(result)
+    print(text, flush=True)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    return result
+
+
 def stop_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
     """End a process started in its own session: SIGTERM to its group, SIGKILL ``grace_s`` later."""
     try:

@@ -70,7 +70,7 @@ def test_a_finished_job_is_recorded_and_found_only_while_its_files_stand(tmp_pat
     import dataclasses
     import os
 
-    from gc25d_core.preprocess.runner import finished_clip_job
+    from gc25d_core.job_record import finished_job
 
     rows, run_dir = _Rows(tmp_path / "out", 3), tmp_path / "run"
     run_dir.mkdir()
@@ -80,22 +80,22 @@ def test_a_finished_job_is_recorded_and_found_only_while_its_files_stand(tmp_pat
     vae.write_bytes(b"weights")
     task = dataclasses.replace(rows.task(), inputs=(vae,))
     summary = run_task(task, rows.rows, StdoutReporter(rank=0), run_dir, index=index)
-    assert finished_clip_job(run_dir, "preset: toy\n") == summary
-    assert finished_clip_job(run_dir, "preset: other\n") is None
+    assert finished_job(run_dir, "preset: toy\n") == summary
+    assert finished_job(run_dir, "preset: other\n") is None
 
     def touched(path: Path) -> None:
         st = path.stat()
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
-        assert finished_clip_job(run_dir, "preset: toy\n") is None
+        assert finished_job(run_dir, "preset: toy\n") is None
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-        assert finished_clip_job(run_dir, "preset: toy\n") == summary
+        assert finished_job(run_dir, "preset: toy\n") == summary
 
     for path in (index, vae, rows.out / f"{rows.rows[1].clip_id}.bin"):
         touched(path)
     (rows.out / f"{rows.rows[2].clip_id}.bin").unlink()
-    assert finished_clip_job(run_dir, "preset: toy\n") is None
+    assert finished_job(run_dir, "preset: toy\n") is None
     # a job over some clips (--limit) keeps no record
     other = tmp_path / "run2"
     other.mkdir()
     run_task(rows.task(), rows.rows[:1], StdoutReporter(rank=0), other)
-    assert not (other / "clips_done.json").exists()
+    assert not (other / "job_done.json").exists()

@@ -56,6 +56,13 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
         assert result.success
         again = dg.materialize([tiny_vae], instance=instance, resources=resources)
         assert again.success
+        # the fit's file rewritten in place (another mtime): the job is launched, finds its inputs
+        # unchanged and the file's SHA256 its record's, and keeps it
+        fit_path = Path(project.config().paths.data_root) / "models" / "tiny_vae.safetensors"
+        fit_path.write_bytes(fit_path.read_bytes())
+        relaunched = dg.materialize([tiny_vae], instance=instance, resources=resources)
+        (relaunch_md,) = [m.metadata for m in relaunched.asset_materializations_for_node("tiny_vae")]
+        assert "launched" not in relaunch_md and relaunch_md["skipped"].value
         # nothing changed: the clip job's record stands and no job is launched
         rerun = dg.materialize([cond], instance=instance, resources=resources)
         (rerun_md,) = [m.metadata for m in rerun.asset_materializations_for_node("cond")]
@@ -95,6 +102,7 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
     assert fit["used"].value and not fit["skipped"].value and fit["recon_mse_heldout"].value > 0
     refit = again.asset_materializations_for_node("tiny_vae")[0].metadata
     assert refit["skipped"].value and refit["sha256"].value == fit["sha256"].value  # same inputs: kept
+    assert refit["launched"].value is False  # its job's record stands: no process started
     from gc25d_core.models.vae_fit import record_file
 
     record = record_file(cfg).read_text()  # names its file, not the data root it was written under

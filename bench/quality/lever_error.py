@@ -14,7 +14,6 @@ CPU (tiny): python -m bench.quality.lever_error --export <causal export> --again
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.common import print_result
 from gc25d_core.deploy import cli
 from gc25d_core.deploy.world import varied_blocks
 from gc25d_core.models.configs import DEPLOY_CAUSAL
@@ -110,12 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "base_path": base["what"],
         **compare(base, against, window),
     }
-    text = json.dumps(result)
-    print(text, flush=True)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    return result
+    return print_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from bench.common import DeviceBench
+from bench.common import DeviceBench, print_result
 from gc25d_core.deploy.world import varied_blocks
 
 LEVERS = (
@@ -899,12 +899,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import asyncio
 
         result = asyncio.run(ws_latency(args.url, args.events or 60, seed=args.action_seed))
-        result = {"bench": "deploy", "mode": "serve", "serve": result}
-        print(json.dumps(result), flush=True)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result))
-        return result
+        return print_result({"bench": "deploy", "mode": "serve", "serve": result}, args.out)
     args.events = args.events if args.events is not None else (60 if args.mode == "serve" else 0)
     args.serve_lever = args.serve_lever or (
         "graphs_all_cstream_compile" if args.device == "cuda" else "exact"
@@ -936,12 +931,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     with contextlib.redirect_stdout(sys.stderr):  # library chatter must not break the one JSON line
         result = run(args, chosen)
-    text = json.dumps(result)
-    print(text, flush=True)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    return result
+    return print_result(result, args.out)
 
 
 def run(args: argparse.Namespace, chosen: list[str]) -> dict[str, Any]:

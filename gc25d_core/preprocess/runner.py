@@ -11,7 +11,6 @@ only those). Failures are also written to ``<run_dir>/failures/rank-<r>.json``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import time
@@ -24,8 +23,8 @@ from typing import Any, Protocol
 from gc25d_core.atomic import atomic_write_text, sweep_stale_tmp
 from gc25d_core.distributed import dist_active, global_rank, shard, world_size
 from gc25d_core.faults import maybe_inject_fault
-from gc25d_core.hashing import file_identities
 from gc25d_core.index import ClipRow
+from gc25d_core.job_record import keep_finished_job
 from gc25d_core.report import Reporter, human_bytes
 
 
@@ -272,7 +271,7 @@ def run_task(
 ) -> dict[str, Any]:
     """Run this rank's shard, gather, report once from rank 0, fail if any clip failed. With
     ``index`` (the clips index ``rows`` come from, all of them) rank 0 keeps a record of the
-    finished job for ``finished_clip_job``."""
+    finished job (``job_record``): a rerun finds it and launches nothing."""
     result = run_shard(task, rows, rep, run_dir)
     summary = summarize(task, gather_results(result), len(rows))
     if summary["num_failed"]:
@@ -281,40 +280,8 @@ def run_task(
     if rep.rank == 0:  # the job's closing line, said once
         rep.log(closing_line(task, summary))
         if index is not None:
-            keep_finished_clip_job(
+            keep_finished_job(
                 run_dir, [index, *task.inputs], [p for r in rows for p in task.outputs(r)], summary
             )
     rep.materialize({**summary, **(extra_metadata or {})})
     return summary
-
-
-CLIPS_DONE = "clips_done.json"  # a finished clip job's record in its run folder
-
-
-def keep_finished_clip_job(
-    run_dir: Path, inputs: Sequence[Path], outputs: Sequence[Path], summary: dict[str, Any]
-) -> None:
-    """What a finished job read and wrote, by file identity (size, mtime), under the config it ran."""
-    record = {
-        "config_sha256": hashlib.sha256((Path(run_dir) / "config.yaml").read_bytes()).hexdigest(),
-        "inputs": file_identities(inputs),
-        "outputs": file_identities(outputs),
-        "summary": summary,
-    }
-    atomic_write_text(Path(run_dir) / CLIPS_DONE, json.dumps(record, sort_keys=True))
-
-
-def finished_clip_job(run_dir: Path, config_text: str) -> dict[str, Any] | None:
-    """The summary of the clip job finished in ``run_dir`` under ``config_text`` (the config.yaml a
-    launch would write) whose index, inputs and every output are the files it left: the job would
-    find every clip built. None: launch it (it checks each clip itself)."""
-    try:
-        record = json.loads((Path(run_dir) / CLIPS_DONE).read_text())
-        if record["config_sha256"] != hashlib.sha256(config_text.encode()).hexdigest():
-            return None
-        for files in (record["inputs"], record["outputs"]):
-            if file_identities(files) != files:
-                return None
-        return dict(record["summary"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

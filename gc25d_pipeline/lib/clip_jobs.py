@@ -9,7 +9,7 @@ import dagster as dg
 from pydantic import Field
 
 from gc25d_core.config import Gc25dConfig, to_yaml
-from gc25d_core.preprocess.runner import finished_clip_job
+from gc25d_core.job_record import finished_job
 from gc25d_pipeline.lib.launcher import JobLauncher, summary_metadata
 from gc25d_pipeline.lib.project import Gc25dProject
 
@@ -83,7 +83,7 @@ def clip_job_asset(
         )
         args = ["--limit", str(config.limit)] if config.limit else []
         run_dir = project.run_dir(cfg, name, context)
-        done = None if args else finished_clip_job(run_dir, to_yaml(cfg))
+        done = None if args else finished_job(run_dir, to_yaml(cfg))
         if done is not None:  # every clip's files as the last full run left them: no launch
             context.log.info(
                 f"{name}: {done['num_clips']} clips as built before (index, inputs, files unchanged)"
