@@ -66,7 +66,8 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
         "--decoder",
         choices=("vae", "fast"),
         default="vae",
-        help="vae (default), or fast: the fast_decoder asset's small decoder (models.fast_decoder)",
+        help="vae (default), or fast: the fast_decoder asset's small decoder (models.fast_decoder); "
+        "where its file is there, serve's page switches between the two",
     )
     p.add_argument(
         "--fp8",

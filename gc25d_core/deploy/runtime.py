@@ -20,6 +20,7 @@ GEMMs in the blocks' linear layers, models.fp8; ``fp8_skip`` opts layers out) an
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,9 @@ def load_deploy_model(
     return model, meta
 
 
+REPLAY_CELLS = 8  # latents a decoder switched to mid-session replays (set_decoder)
+
+
 @dataclass
 class CellTimes:
     """Seconds of one cell's parts (device-synchronised when timing is on)."""
@@ -239,24 +243,26 @@ class DeployRuntime:
         self._key_idx = {k: torch.tensor([[i]], device=self.device) for k, i in self.key_index.items()}
         self.vae = vae
         decode_dtype = torch.bfloat16 if opts.decode_dtype == "bf16" else torch.float32
-        self.decoder: Any
-        if opts.decoder == "fast":
+        if opts.decoder == "fast" and fast_decoder is None:
+            raise ValueError(
+                "decoder='fast' needs the fast decoder (the fast_decoder asset's file: "
+                "models.fast_decoder.load_fast_decoder_for)"
+            )
+        if decode_dtype != torch.float32 or opts.decode_fast:
+            from gc25d_core.models.vae import decode_copy
+
+            self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
+        # every decoder the session has (the page switches between them, ``set_decoder``)
+        self.decoders: dict[str, Any] = {
+            "vae": StreamingDecoder(self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda)
+        }
+        if fast_decoder is not None:
             from gc25d_core.models.fast_decoder import StreamingFastDecoder
 
-            if fast_decoder is None:
-                raise ValueError(
-                    "decoder='fast' needs the fast decoder (the fast_decoder asset's file: "
-                    "models.fast_decoder.load_fast_decoder_for)"
-                )
-            self.decoder = StreamingFastDecoder(fast_decoder.to(self.device), dtype=decode_dtype)
-        else:
-            if decode_dtype != torch.float32 or opts.decode_fast:
-                from gc25d_core.models.vae import decode_copy
-
-                self.vae = decode_copy(vae, decode_dtype, fast=opts.decode_fast)
-            self.decoder = StreamingDecoder(
-                self.vae, dtype=decode_dtype, graph=opts.decode_graph and self.cuda
-            )
+            self.decoders["fast"] = StreamingFastDecoder(fast_decoder.to(self.device), dtype=decode_dtype)
+        self.decoder: Any = self.decoders[opts.decoder]
+        # the latents decoded last, which a decoder switched to mid-session replays (``set_decoder``)
+        self._decoded: deque[torch.Tensor] = deque(maxlen=REPLAY_CELLS)
         self.decode_stream: torch.cuda.Stream | None = None
         self.set_decode_stream(opts.decode_stream)
         self._pending_decode: tuple[torch.Tensor, Any] | None = None
@@ -364,12 +370,31 @@ class DeployRuntime:
         if self.options.decode_stream != on:
             self.options = self.options.model_copy(update={"decode_stream": on})
 
+    def set_decoder(self, kind: str) -> None:
+        """The page's decoder switch, between cells: the stream of ``kind`` replays the last
+        ``REPLAY_CELLS`` latents the session decoded (their frames dropped) to take up its causal
+        state, then decodes the next cell. Exact while the session is that short, and always for
+        the fast decoder (it carries one cell); the VAE's deeper state is approximate past that
+        (a switch costs the replay: ≈ 0.5 s at full size on an H200)."""
+        if kind not in self.decoders:
+            raise ValueError(f"no {kind!r} decoder in this session (it has {sorted(self.decoders)})")
+        if kind == self.options.decoder:
+            return
+        new = self.decoders[kind]
+        new.reset()
+        with torch.no_grad():
+            for z in self._decoded:
+                new.push(z)
+        self.decoder = new
+        self.options = self.options.model_copy(update={"decoder": kind})
+
     def _decode(self, z: torch.Tensor) -> list[np.ndarray]:
         """Frames ready now (in cell order): this cell's, or with the side stream the previous one's."""
         from gc25d_core.models.vae import video_to_frames
 
         if not self.options.decode:
             return []
+        self._decoded.append(z.detach().clone())  # z may be a graph's output buffer, rewritten next cell
         out = []
         if self._pending_decode is not None:
             out.append(self._resolve())
@@ -453,6 +478,7 @@ class DeployRuntime:
             raise ValueError(f"anchor latent must be [1, {z_dim}, 1, h, w], got {list(anchor.shape)}")
         self.decoder.reset()  # a decode graph captured by warm_up is kept: replayed from cell 3
         self._pending_decode = None
+        self._decoded.clear()
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
         cache = self.streamer.cache

@@ -22,6 +22,7 @@ import torch
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.deploy.runtime import CellOut, DeployRuntime, RuntimeOptions
 from gc25d_core.deploy.world import LiveWorld, WorldConfig
+from gc25d_core.models.loading import WeightsError
 
 
 def read_anchor_image(path: Path | str, cfg: Gc25dConfig) -> np.ndarray:
@@ -143,11 +144,16 @@ def open_session(
     dev = torch.device(device or ("cuda" if cfg.device == "cuda" and torch.cuda.is_available() else "cpu"))
     vae = build_vae_for(cfg, dev)
     table = load_text_table(cfg)
-    fast = None
-    if options is not None and options.decoder == "fast":  # the fast_decoder asset's, SHA256 checked
-        from gc25d_core.models.fast_decoder import load_fast_decoder_for
+    from gc25d_core.models.fast_decoder import load_fast_decoder_for, read_record
 
-        fast = load_fast_decoder_for(cfg, dev)
+    fast = None
+    asked = options is not None and options.decoder == "fast"
+    if asked or read_record(cfg) is not None:  # the fast_decoder asset's, SHA256 checked
+        try:
+            fast = load_fast_decoder_for(cfg, dev)
+        except WeightsError:
+            if asked:
+                raise  # else the session decodes with the VAE, without the page's switch to it
     runtime = DeployRuntime.load(
         export,
         table,

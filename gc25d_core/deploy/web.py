@@ -6,7 +6,8 @@ server starts a session per connection and sends one JSON message per cell: its 
 ids (colour-coded PNG) as base64, the prompt key, the cell's times (world, denoise, commit, decode,
 total), ``decode_stream`` (whether the side-stream decode is on; the page's switch sends
 ``{"decode_stream": true|false}``, applied between cells — a session that cannot adds ``note``:
-why) and ``acks``: ``[{"frame": i, "event": n}]`` where frame ``i`` of the message is the first
+why), ``decoder`` and ``decoders`` (the one decoding, and those the session has: the page offers
+the switch ``{"decoder": "fast"|"vae"}`` where it has both) and ``acks``: ``[{"frame": i, "event": n}]`` where frame ``i`` of the message is the first
 frame that reflects key event ``n`` (and every event before it) — the first frame of the first
 cell whose action block was taken after the event arrived (with the side-stream decode that cell's
 frames come one message later, and the tag travels with them). The server sends at the content
@@ -128,6 +129,17 @@ def switch_stream(runtime: Any, on: bool | None) -> str | None:
     return None
 
 
+def switch_decoder(runtime: Any, kind: str | None) -> str | None:
+    """The page's decoder switch applied to ``runtime`` (between cells); None, or why it cannot be."""
+    if kind is None or kind == runtime.options.decoder:
+        return None
+    try:
+        runtime.set_decoder(kind)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def event_id(msg: dict[str, Any]) -> int | None:
     """The key event number a page message carries (a positive int), else None."""
     n = msg.get("id")
@@ -140,6 +152,7 @@ PAGE = """<!doctype html>
  body { font: 14px sans-serif; background: #111; color: #ddd; margin: 16px; }
  .views { display: flex; gap: 12px; } img { image-rendering: pixelated; width: 512px; background: #000; }
  .stats span { display: inline-block; min-width: 120px; } kbd { background: #333; padding: 0 4px; }
+ .stats span[hidden] { display: none; }
 </style></head>
 <body>
 <div class="views"><div><div>picture</div><img id="rgb" alt="rgb"></div>
@@ -152,6 +165,7 @@ PAGE = """<!doctype html>
  <span>key&rarr;photon last <b id="photon">-</b> ms</span> <span>p50 <b id="photon_p50">-</b> ms</span>
  <span>over <b id="photon_n">0</b> keys</span>
  <span><label><input type="checkbox" id="stream"> side-stream decode</label> (now <b id="decode_mode">-</b>)</span>
+ <span id="decoder_switch" hidden><label><input type="checkbox" id="fast"> fast decoder</label> (now <b id="decoder">-</b>)</span>
  <span id="note"></span>
 </div>
 <p><kbd>W</kbd><kbd>A</kbd><kbd>S</kbd><kbd>D</kbd> move, <kbd>Shift</kbd> run, <kbd>J</kbd>/<kbd>K</kbd> light/heavy
@@ -184,6 +198,12 @@ $("stream").addEventListener("change", () => {
   switched = true;
   if (ws.readyState === 1) ws.send(JSON.stringify({decode_stream: $("stream").checked}));
 });
+// the decoder: the VAE's, or the fast decoder the project distils from it (where the session has it)
+let picked = false;
+$("fast").addEventListener("change", () => {
+  picked = true;
+  if (ws.readyState === 1) ws.send(JSON.stringify({decoder: $("fast").checked ? "fast" : "vae"}));
+});
 ws.onclose = () => { $("status").textContent = "closed"; };
 ws.onmessage = (ev) => {
   const m = JSON.parse(ev.data);
@@ -198,6 +218,11 @@ ws.onmessage = (ev) => {
   if (m.decode_stream !== undefined) {
     if (!switched) $("stream").checked = m.decode_stream;  // the server's state until the user switches
     $("decode_mode").textContent = m.decode_stream ? "side stream" : "main stream";
+  }
+  if (m.decoder !== undefined) {
+    $("decoder_switch").hidden = !(m.decoders || []).includes("fast");
+    if (!picked) $("fast").checked = m.decoder === "fast";
+    $("decoder").textContent = m.decoder;
   }
   if (m.note) $("note").textContent = m.note;
   const t = m.times;
@@ -320,9 +345,10 @@ def create_app(
             received = 0  # the newest key event number received
             arrived = 0.0  # when it arrived
             stream: bool | None = None  # the page's side-stream decode switch, once touched
+            decoder: str | None = None  # the page's decoder switch, once touched
 
             async def receive() -> None:
-                nonlocal held, received, arrived, stream
+                nonlocal held, received, arrived, stream, decoder
                 while True:
                     msg = json.loads(await socket.receive_text())
                     if "keys" in msg:
@@ -331,6 +357,8 @@ def create_app(
                             received, arrived = event_id(msg) or 0, time.perf_counter()
                     if isinstance(msg.get("decode_stream"), bool):
                         stream = msg["decode_stream"]
+                    if isinstance(msg.get("decoder"), str):
+                        decoder = msg["decoder"][:16]
 
             reader = asyncio.create_task(receive())
             try:
@@ -354,12 +382,20 @@ def create_app(
                     for rgb in clips:
                         event, ids = waiting.popleft()
                         tagged.append((rgb, ids(), event))
-                    state = {"decode_stream": session.runtime.options.decode_stream}
+                    rt = session.runtime
+                    state = {
+                        "decode_stream": rt.options.decode_stream,
+                        "decoder": rt.options.decoder,
+                        "decoders": sorted(rt.decoders),
+                    }
                     return cell_message(cell, key, tagged, times, **state, **extra)
 
-                def step(block: np.ndarray, stream: bool | None) -> tuple[Any, str | None]:
-                    note = switch_stream(session.runtime, stream)  # between cells, in the cells' thread
-                    return session.step(block), note
+                def step(
+                    block: np.ndarray, stream: bool | None, decoder: str | None
+                ) -> tuple[Any, str | None]:
+                    # between cells, in the cells' thread
+                    notes = [switch_stream(session.runtime, stream), switch_decoder(session.runtime, decoder)]
+                    return session.step(block), "; ".join(n for n in notes if n) or None
 
                 text = await asyncio.to_thread(message, 0, "anchor", frames0, zero)
                 await socket.send_text(text)
@@ -371,9 +407,9 @@ def create_app(
                     t_take = time.perf_counter()
                     event, taken = (received if received > taken else None), received
                     queued = t_take - arrived if event is not None else None
-                    out, note = await asyncio.to_thread(step, block, stream)
-                    if note:  # said once; the switch stays where the session is
-                        stream = None
+                    out, note = await asyncio.to_thread(step, block, stream, decoder)
+                    if note:  # said once; the switches stay where the session is
+                        stream = decoder = None
                     waiting.append((event, lambda out=out: out.ids))
                     t_frames = time.perf_counter()
                     # where a key's way to the screen goes, server side: queued (its arrival to its

@@ -56,3 +56,43 @@ def test_the_runtime_refuses_decoder_fast_without_a_decoder(tiny_export, deploy_
         DeployRuntime.load(
             tiny_export, load_text_table(deploy_cfg), vae, options=RuntimeOptions(decoder="fast")
         )
+
+
+def test_the_decoder_switch_continues_the_session_as_that_decoder_would(tiny_export, tmp_path):
+    """``set_decoder`` between cells (the page's switch): the new stream replays the latents the
+    session decoded, so in a session shorter than ``REPLAY_CELLS`` the frames after a switch are
+    those of a session that used that decoder from its start, both ways. A session opens with the
+    fast decoder beside the VAE wherever the asset's file is there; without it, the VAE alone."""
+    from gc25d_core.deploy.runtime import REPLAY_CELLS
+
+    cfg = tiny_deploy_cfg(tmp_path)
+    alone = open_session(tiny_export, cfg, device="cpu")
+    assert sorted(alone.runtime.decoders) == ["vae"]
+    with pytest.raises(ValueError, match="no 'fast' decoder in this session"):
+        alone.runtime.set_decoder("fast")
+    torch.manual_seed(0)
+    digest = save_fast_decoder(FastDecoder(width=8), weights_file(cfg))
+    record_file(cfg).write_text(json.dumps({"sha256": digest, "inputs_key": "test"}))
+    blocks = [np.array([b, 0, 0, 0, 0], np.uint8) for b in (1, 1, 3, 0, 2)]
+    assert len(blocks) + 1 <= REPLAY_CELLS
+
+    def play(s, switch_at=None, to=None):
+        frames = list(s.start())
+        for i, block in enumerate(blocks):
+            if i == switch_at:
+                s.runtime.set_decoder(to)
+            frames += s.step(block).out.frames
+        return frames
+
+    s = open_session(tiny_export, cfg, device="cpu")
+    assert sorted(s.runtime.decoders) == ["fast", "vae"] and s.runtime.options.decoder == "vae"
+    vae = play(s)
+    fast = play(open_session(tiny_export, cfg, device="cpu", options=RuntimeOptions(decoder="fast")))
+    assert not np.array_equal(vae[3], fast[3])  # two decoders, two pictures
+    to_fast = play(s, switch_at=2, to="fast")  # frames of the anchor and cells 1-2 by the VAE
+    assert s.runtime.options.decoder == "fast"
+    for got, want in zip(to_fast, vae[:3] + fast[3:], strict=True):
+        assert np.array_equal(got, want)
+    back = play(s, switch_at=3, to="vae")  # the session starts on the fast decoder now
+    for got, want in zip(back, fast[:4] + vae[4:], strict=True):
+        assert np.array_equal(got, want)

@@ -1,7 +1,8 @@
 """The web page in a real headless Chromium (Debian's chromium + chromedriver, selenium) on the
 tiny models: frames arrive, they change with the keys held, the per-cell latency is shown, and so
 is the action-to-photon latency of the keys pressed (the server's tagged frames put on screen), and
-the side-stream decode switch reaches the session.
+the side-stream decode switch reaches the session, and so does the decoder switch where the session
+has the fast decoder.
 A failure saves a screenshot under $GC25D_TEST_ARTIFACTS (default: the test's tmp dir)."""
 
 from __future__ import annotations
@@ -28,15 +29,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tiny_export, deploy_cfg):
+def _serve(session):
+    """The page of ``session`` served by uvicorn in a thread; yields its URL."""
     import uvicorn
 
-    from gc25d_core.deploy.runtime import RuntimeOptions
-    from gc25d_core.deploy.session import open_session
     from gc25d_core.deploy.web import create_app, server_config
 
-    session = open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu")
     port = _free_port()
     srv = uvicorn.Server(server_config(create_app(session, host="127.0.0.1", port=port), "127.0.0.1", port))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -48,6 +46,34 @@ def server(tiny_export, deploy_cfg):
     yield f"http://127.0.0.1:{port}/"
     srv.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture
+def server(tiny_export, deploy_cfg):
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+
+    yield from _serve(open_session(tiny_export, deploy_cfg, options=RuntimeOptions(seed=0), device="cpu"))
+
+
+@pytest.fixture
+def fast_server(tiny_export, tmp_path):
+    """A session with the fast_decoder asset's file beside the VAE (a random tiny one)."""
+    import json
+
+    import torch
+
+    from gc25d_core.deploy.session import open_session
+    from gc25d_core.models.fast_decoder import FastDecoder, record_file, save_fast_decoder, weights_file
+    from tests.deploy.conftest import tiny_deploy_cfg
+
+    cfg = tiny_deploy_cfg(tmp_path / "fast")
+    torch.manual_seed(0)
+    digest = save_fast_decoder(FastDecoder(width=8), weights_file(cfg))
+    record_file(cfg).write_text(json.dumps({"sha256": digest, "inputs_key": "test"}))
+    session = open_session(tiny_export, cfg, device="cpu")
+    yield from _serve(session)
+    assert session.runtime.options.decoder == "fast"  # the page's switch reached the runtime
 
 
 @pytest.fixture
@@ -126,9 +152,25 @@ def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, reque
         by_id("stream").click()
         _wait(lambda: "needs a CUDA device" in by_id("note").text, what="the runtime's answer to the switch")
         assert by_id("decode_mode").text == "main stream"
+        # a session with the VAE alone: the page names it and hides the decoder switch
+        assert by_id("decoder").get_attribute("textContent") == "vae"
+        assert not by_id("decoder_switch").is_displayed()
         assert by_id("status").text == "live"
     except BaseException:
         artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))
         artifacts.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(artifacts / f"{request.node.name}.png"))
         raise
+
+
+def test_the_decoder_switch_shows_where_the_session_has_the_fast_decoder(fast_server, browser):
+    by_id = lambda i: browser.find_element("id", i)  # noqa: E731
+    browser.get(fast_server)
+    _wait(lambda: by_id("status").text == "live", what="the WebSocket")
+    _wait(lambda: by_id("decoder_switch").is_displayed(), what="the decoder switch")
+    assert by_id("decoder").text == "vae" and not by_id("fast").is_selected()
+    cell = int(by_id("cell").text)
+    by_id("fast").click()
+    _wait(lambda: by_id("decoder").text == "fast", what="the runtime's fast decoder")
+    _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells after the switch")
+    assert by_id("status").text == "live" and not by_id("note").text

@@ -95,6 +95,29 @@ def test_the_pages_side_stream_switch_reaches_the_runtime(session):
         assert "note" not in nxt and nxt["key"] == "walk_right"  # said once
 
 
+def test_the_pages_decoder_switch_reaches_the_runtime(session):
+    """Every message names the decoder and the decoders the session has (the page shows its switch
+    only where there are two); a switch to one it lacks comes back once as a note, the session
+    decoding on with the VAE (the switch itself: tests/deploy/test_fast_decoder_deploy.py)."""
+    app = create_app(session, host="127.0.0.1", port=PORT)
+    with (
+        TestClient(app, base_url=SERVED) as client,
+        client.websocket_connect(f"ws://127.0.0.1:{PORT}/ws", headers={"origin": SERVED}) as ws,
+    ):
+        anchor = json.loads(ws.receive_text())
+        assert anchor["decoder"] == "vae" and anchor["decoders"] == ["vae"]
+        ws.send_text(json.dumps({"decoder": "fast"}))
+        for _ in range(8):
+            m = json.loads(ws.receive_text())
+            assert m["decoder"] == "vae"
+            if "note" in m:
+                break
+        else:
+            raise AssertionError("the switch never reached the runtime")
+        assert "no 'fast' decoder in this session" in m["note"]
+        assert "note" not in json.loads(ws.receive_text())  # said once
+
+
 def test_serve_sends_cells_without_per_message_deflate(session):
     """``serve``'s uvicorn settings (``web.server_config``) turn the WebSocket's per-message deflate
     off: a client that offers it (browsers and ``websockets`` do) gets the cells uncompressed."""
