@@ -36,7 +36,7 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from socket import AF_INET, AF_INET6, getfqdn, gethostname
 from typing import Any
@@ -117,24 +117,13 @@ def server_config(app: Any, host: str, port: int) -> Any:
     return uvicorn.Config(app, host=host, port=port, log_level="warning", ws_per_message_deflate=False)
 
 
-def switch_stream(runtime: Any, on: bool | None) -> str | None:
-    """The page's side-stream decode switch applied to ``runtime`` (between cells); None, or why
-    it cannot be (e.g. no CUDA device: the session keeps decoding on its one stream)."""
-    if on is None or on == runtime.options.decode_stream:
+def apply_switch(current: Any, wanted: Any, apply: Callable[[Any], None]) -> str | None:
+    """A page switch applied to the session between cells (``wanted`` None: not touched); None, or
+    why the session cannot (e.g. no CUDA device for the side-stream decode, no fast decoder)."""
+    if wanted is None or wanted == current:
         return None
     try:
-        runtime.set_decode_stream(on)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def switch_decoder(runtime: Any, kind: str | None) -> str | None:
-    """The page's decoder switch applied to ``runtime`` (between cells); None, or why it cannot be."""
-    if kind is None or kind == runtime.options.decoder:
-        return None
-    try:
-        runtime.set_decoder(kind)
+        apply(wanted)
     except ValueError as e:
         return str(e)
     return None
@@ -394,7 +383,11 @@ def create_app(
                     block: np.ndarray, stream: bool | None, decoder: str | None
                 ) -> tuple[Any, str | None]:
                     # between cells, in the cells' thread
-                    notes = [switch_stream(session.runtime, stream), switch_decoder(session.runtime, decoder)]
+                    rt = session.runtime
+                    notes = [
+                        apply_switch(rt.options.decode_stream, stream, rt.set_decode_stream),
+                        apply_switch(rt.options.decoder, decoder, rt.set_decoder),
+                    ]
                     return session.step(block), "; ".join(n for n in notes if n) or None
 
                 text = await asyncio.to_thread(message, 0, "anchor", frames0, zero)
