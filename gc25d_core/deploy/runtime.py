@@ -374,8 +374,8 @@ class DeployRuntime:
         """The page's decoder switch, between cells: the stream of ``kind`` replays the last
         ``REPLAY_CELLS`` latents the session decoded (their frames dropped) to take up its causal
         state, then decodes the next cell. Exact while the session is that short, and always for
-        the fast decoder (it carries one cell); the VAE's deeper state is approximate past that
-        (a switch costs the replay: ≈ 0.5 s at full size on an H200)."""
+        the fast decoder (it carries one cell); the VAE's deeper state is approximate past that.
+        A switch to the VAE costs its decode of the replayed cells."""
         if kind not in self.decoders:
             raise ValueError(f"no {kind!r} decoder in this session (it has {sorted(self.decoders)})")
         if kind == self.options.decoder:
