@@ -261,7 +261,8 @@ class DeployRuntime:
 
             self.decoders["fast"] = StreamingFastDecoder(fast_decoder.to(self.device), dtype=decode_dtype)
         self.decoder: Any = self.decoders[opts.decoder]
-        # the latents decoded last, which a decoder switched to mid-session replays (``set_decoder``)
+        # the latents decoded last, which a decoder switched to mid-session replays (``set_decoder``;
+        # kept only where there is another decoder to switch to)
         self._decoded: deque[torch.Tensor] = deque(maxlen=REPLAY_CELLS)
         self.decode_stream: torch.cuda.Stream | None = None
         self.set_decode_stream(opts.decode_stream)
@@ -394,7 +395,8 @@ class DeployRuntime:
 
         if not self.options.decode:
             return []
-        self._decoded.append(z.detach().clone())  # z may be a graph's output buffer, rewritten next cell
+        if len(self.decoders) > 1:  # a switch can replay it; z may be a graph's buffer, so a copy
+            self._decoded.append(z.detach().clone())
         out = []
         if self._pending_decode is not None:
             out.append(self._resolve())
