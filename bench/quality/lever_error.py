@@ -1,9 +1,10 @@
 """One export played twice through the live session the deploy CLI opens (``python -m
 gc25d_core.deploy``): with its default options, then with extra CLI flags (``--fp8``, ``--decoder
 fast``, ...), over the same action stream and world. Per cell: the latent RMSE relative to the
-first path's latent RMS, and the PSNR of its decoded frames against the first path's; the loop's wall
-time per cell after the window fills for both. Prints one JSON line (issue 34: FP8's and the fast
-decoder's error on a trained student, where the deploy bench has random weights only).
+first path's latent RMS, and the PSNR of its decoded frames against the first path's; for both, a
+session step's wall time (code world included) over every cell from the first, and after the
+window fills. Prints one JSON line (issue 34: FP8's and the fast decoder's error on a trained
+student, where the deploy bench has random weights only).
 
 Usage (GPU; the small preset's chain in /tmp/small):
     python -m bench.quality.lever_error --preset small --set paths.data_root=/tmp/small/data \\
@@ -78,6 +79,8 @@ def compare(base: dict[str, Any], other: dict[str, Any], window: int) -> dict[st
         "frame_psnr_db": {**summary(finite), "identical_frames": len(frame_db) - len(finite)}
         if finite
         else {"identical_frames": len(frame_db)},
+        # a session step's wall (code world, denoise, commit, decode) of every cell from the first
+        "cell_s": {"base": summary(base["wall"]), "against": summary(other["wall"])},
         "cell_s_after_window": {
             "base": summary(base["wall"][window:]) if len(base["wall"]) > window else None,
             "against": summary(other["wall"][window:]) if len(other["wall"]) > window else None,

@@ -28,6 +28,9 @@ def test_a_folded_commit_plays_the_same_latents_and_frames(tiny_export, deploy_r
     assert got["cells"] == 6 and got["against"] == "--fold-commit"
     assert got["latent_rel_rmse"]["max"] == 0.0
     assert got["frame_psnr_db"] == {"identical_frames": 7}  # the anchor's decode and 6 cells
+    for path in ("base", "against"):  # every cell from the first; the window is not full in 6
+        assert got["cell_s"][path]["max"] >= got["cell_s"][path]["p50"] > 0
+        assert got["cell_s_after_window"][path] is None
 
 
 def test_another_noise_seed_is_reported_as_an_error(tiny_export, deploy_root, tmp_path):
