@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="JSON: fields of the eval's EvalConfig (default: live2400, or a short live240 with --smoke)",
     )
+    ap.add_argument(
+        "--eval-labels",
+        default=None,
+        help="comma-separated export labels to evaluate (e.g. sft,stage2_cd_ema,stage3_dmd_ema; default: all)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
@@ -183,6 +188,12 @@ def main(argv: list[str] | None = None) -> None:
         e for s in STAGES if s.evaluated for e in exports_of_handoff(s.name, handoffs[s.name], runs_root)
     ]
     exports += exports_of_handoff("deploy", deploy_run / "final.json", runs_root)
+    if args.eval_labels is not None:
+        wanted = args.eval_labels.split(",")
+        unknown = sorted(set(wanted) - {e.label for e in exports})
+        if unknown:
+            raise SystemExit(f"--eval-labels: {unknown} are not among {[e.label for e in exports]}")
+        exports = [e for e in exports if e.label in wanted]
     eval_run = runs_root / "eval" / snapshot
     eval_run.mkdir(parents=True, exist_ok=True)
     chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The `small` chain (bench/quality/small_chain.py) on one warm GPU machine across device calls:
+# the first call starts the chain in the background (its own session, so a call's end does not
+# stop it), every call (this same command) waits up to WAIT seconds for it and shows its log, so
+# the chain runs through call boundaries without a resume. Should the chain die with a call, the
+# next call starts it again and it resumes from /tmp/small (every phase skips finished work).
+# Usage (device machine, repository root, `carry: [".whl"]`; call again within 30 s of the last):
+#     WAIT=540 bash bench/quality/small_chain_gpu.sh [small_chain arguments]
+# RESTART=1: start it again after a failure; COLLECT=1: bring the reports back while it runs.
+# Its log and, once it is done, its reports come back under $OUT.
+set -u
+cd "$(dirname "$0")/../.."
+[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+  DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+LOG=/tmp/small_chain.log RC=/tmp/small_chain.rc OUT=${OUT:-/tmp/small_chain_out}
+mkdir -p "$OUT"
+[ "${RESTART:-0}" = 1 ] && rm -f $RC  # after a failed run: start it again (it resumes)
+PID=/tmp/small_chain.pid
+if [ ! -e $RC ] && ! { [ -e $PID ] && kill -0 "$(cat $PID)" 2> /dev/null; }; then
+  echo "=== start $(date -u +%FT%TZ): $*" >> $LOG
+  printf '%q ' python3 -m bench.quality.small_chain --root /tmp/small "$@" > /tmp/small_chain.cmd
+  setsid nohup bash -c "$(cat /tmp/small_chain.cmd) >> $LOG 2>&1; echo \$? > $RC" < /dev/null > /dev/null 2>&1 &
+  echo $! > $PID
+fi
+end=$((SECONDS + ${WAIT:-540}))
+while [ $SECONDS -lt $end ] && [ ! -e $RC ]; do sleep 5; done
+cp $LOG "$OUT/" 2>/dev/null
+nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+if [ -e $RC ] || [ "${COLLECT:-0}" = 1 ]; then  # COLLECT=1: the reports so far, the chain running or not
+  [ -e $RC ] && echo "=== chain finished: rc $(cat $RC)" || echo "=== chain running ($(date -u +%T)); reports so far"
+  (cd /tmp/small && find . \( -name '*.md' -o -name '*.png' -o -name '*.json' \) -size -2M \
+    \( -path './runs/*' -o -path './gc25d/models/*' \) -print0 | tar -czf "$OUT/small_reports.tgz" --null -T -) 2>/dev/null
+  ls -la "$OUT"
+else
+  echo "=== chain running ($(date -u +%T))"
+fi
+grep '^{' $LOG | cut -c1-400 | tail -40
+tail -n 40 $LOG
