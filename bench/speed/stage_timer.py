@@ -83,8 +83,11 @@ def _timed(cls: type, name: str, label: Callable[..., str] | str) -> None:
 
 def _timed_grad_forwards() -> None:
     """Stage 3's fast path: each exit forward that carries gradients (``fast_rollout._Route`` sends
-    it to the training module) adds to ``exit_fwd_grad``, inside the generator's rollout."""
-    from gc25d_core.models.fast_rollout import _Route
+    it to the training module; batched: ``ExitCapture.forward``, one over the K cells) adds to
+    ``exit_fwd_grad``, inside the generator's rollout."""
+    from gc25d_core.models.fast_rollout import ExitCapture, _Route
+
+    _timed(ExitCapture, "forward", "exit_fwd_grad")
 
     orig = _Route.__call__
 

@@ -11,6 +11,11 @@ forwards, with their recomputation). ``RolloutRunner.streamer(slow=...)`` routes
 ``torch.is_grad_enabled()``: no-grad forwards (denoise steps before the exit, non-scored cells,
 every commit) run on the replica; grad forwards on ``slow`` against a ``KVCache`` that mirrors every
 commit of the static cache (the same K/V, kept per cell as the recomputation needs them).
+``streamer(exits=ExitCapture(...))`` instead runs the whole rollout on the replica and keeps what the
+scored cells' exit forwards took (latent, snapshot of the mirror); ``ExitCapture.forward`` then runs
+those K forwards with grad on the training module as one forward over the K cells: a one-cell
+forward through a training module is host-bound (FSDP hooks, autocast, ≈ 40 ops a block, and as
+many again in the recomputation), so K of them cost K times the host work of one.
 
 Same results: the replica holds the training forward's weights in the dtype that forward computes
 in and runs under the same autocast (``ReplicaMode``); the static cache gives the KVCache's attention
@@ -23,20 +28,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from gc25d_core.flow import axis_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
-from gc25d_core.models.kv_cache import KVCache, StaticKVCache
+from gc25d_core.models.kv_cache import CellSnapshot, CellViews, KVCache, StaticKVCache
 from gc25d_core.models.kv_graphs import GraphedKVForward
 from gc25d_core.models.sampler import CausalStreamer
 
 if TYPE_CHECKING:
     from gc25d_core.models.gcdit import GcDiT, TextContext
 
-__all__ = ["BatchStaticKVCache", "ReplicaMode", "RolloutRunner"]
+__all__ = ["BatchStaticKVCache", "ExitCapture", "ReplicaMode", "RolloutRunner"]
 
 _WRAP = "_fsdp_wrapped_module."
 
@@ -170,12 +176,65 @@ class _TextSlot:
         return ctx
 
 
+@dataclass
+class ExitCapture:
+    """A rollout's exit forwards with grad, deferred: the scored ``cells`` (consecutive) exit at
+    ``timestep``. While the replica runs every forward of the rollout without grad, ``take`` keeps
+    each scored cell's latent at its exit forward and the snapshot of the mirror that forward saw
+    (the cells it attends to, by reference). The replica's x0 of those cells is what the rollout
+    commits; ``forward`` gives the x0 that carries the gradient (the same forward on the training
+    module, all K cells at once): equal up to the rounding of the replica's kernels."""
+
+    cells: range
+    timestep: float
+    latents: dict[int, torch.Tensor] = field(default_factory=dict)
+    snapshots: dict[int, CellSnapshot] = field(default_factory=dict)
+    mirror: KVCache | None = None
+
+    def take(self, latent: torch.Tensor, timestep: Any, cell: Any, commit: bool) -> None:
+        if commit or cell not in self.cells or timestep != self.timestep:
+            return
+        if self.mirror is None:
+            raise RuntimeError("an exit capture needs the streamer's mirror cache (RolloutRunner.streamer)")
+        self.latents[cell] = latent.detach()
+        self.snapshots[cell] = self.mirror.snapshot(cell)
+
+    def forward(
+        self, slow: Callable[..., Any], text: Any, sem_ids: Any, checkpoint: bool = False
+    ) -> torch.Tensor:
+        """x0 ``[B, C, K, H, W]`` of the scored cells with grad through ``slow`` (the training
+        forward, mode "kv_cells"). ``text``: the K cells' contexts (an index [B, K]); ``sem_ids``:
+        their frames. ``checkpoint``: the blocks recompute in backward."""
+        missing = [c for c in self.cells if c not in self.latents]
+        if missing or self.mirror is None:
+            raise RuntimeError(f"exit capture: the rollout did not reach the exits of cells {missing}")
+        latents = torch.cat([self.latents[c] for c in self.cells], dim=2)
+        views = CellViews(self.mirror.spec, self.mirror.grid_hw, [self.snapshots[c] for c in self.cells])
+        v = slow(
+            latents,
+            self.timestep,
+            text,
+            sem_ids,
+            mode="kv_cells",
+            cache=views,
+            use_gradient_checkpointing=checkpoint,
+        )
+        return x0_at_sigma(latents, v, axis_sigma(self.timestep))
+
+
 class _Route:
     """The forward a rollout's streamer calls: no-grad forwards on the replica (graphs where they
-    apply) against the static cache, grad forwards on ``slow`` against the cache's mirror."""
+    apply) against the static cache, grad forwards on ``slow`` against the cache's mirror;
+    ``exits``: the scored cells' exit forwards are kept for ``ExitCapture.forward``."""
 
-    def __init__(self, runner: RolloutRunner, slow: Callable[..., Any] | None, mirror: KVCache | None):
-        self.runner, self.slow, self.mirror = runner, slow, mirror
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        slow: Callable[..., Any] | None,
+        mirror: KVCache | None,
+        exits: ExitCapture | None = None,
+    ):
+        self.runner, self.slow, self.mirror, self.exits = runner, slow, mirror, exits
 
     def __call__(
         self, latent: torch.Tensor, timestep: Any, text: TextContext, sem_ids: Any = None, **kw: Any
@@ -189,6 +248,8 @@ class _Route:
             # its own copy: the slot is rewritten by the next cell, before this forward's backward
             own = TextContext(text.raw.clone(), text.index.clone())
             return self.slow(latent, timestep, own, sem_ids, **{**kw, "cache": self.mirror})
+        if self.exits is not None:
+            self.exits.take(latent, timestep, kw.get("cell"), bool(kw.get("commit")))
         return self.runner.replica_forward(latent, timestep, text, sem_ids, **kw)
 
 
@@ -312,9 +373,13 @@ class RolloutRunner:
         anchor: torch.Tensor,
         slow: Callable[..., Any] | None = None,
         checkpoint: bool = False,
+        exits: ExitCapture | None = None,
     ) -> CausalStreamer:
         """A streamer for one rollout from ``anchor`` [B, C, 1, H, W] (its prefill is ``start``'s).
-        ``slow``: the training forward that runs the grad forwards (a generator update's exits)."""
+        ``slow``: the training forward that runs the grad forwards (a generator update's exits);
+        ``exits``: keep the scored cells' exit forwards for one grad forward later (no ``slow``)."""
+        if slow is not None and exits is not None:
+            raise ValueError("the exit forwards run either per cell (slow=) or deferred (exits=)")
         hw = tuple(int(s) for s in anchor.shape[-2:])
         key = (hw, anchor.device, anchor.dtype)
         lane = self.lane = self._lane(int(anchor.shape[0]))
@@ -327,12 +392,14 @@ class RolloutRunner:
             c.grid_key = key
             if lane.graphs is not None:
                 lane.graphs.reset()
-        c.mirror = None if slow is None else self.model.new_kv_cache(spec, hw)
+        c.mirror = None if slow is None and exits is None else self.model.new_kv_cache(spec, hw)
+        if exits is not None:
+            exits.mirror = c.mirror
         s = CausalStreamer(
             self.model,
             spec,
             timesteps,
-            forward=_Route(self, slow, c.mirror),
+            forward=_Route(self, slow, c.mirror, exits),
             static_kv=True,
             checkpoint=checkpoint,
         )

@@ -38,7 +38,7 @@ from gc25d_core.models.causal import (
     sdpa,
 )
 from gc25d_core.models.configs import FULL_CAUSAL, CausalConfig, DiTConfig, full_config
-from gc25d_core.models.kv_cache import KVCache, KVFoldAttention, KVStepAttention, StaticKVCache
+from gc25d_core.models.kv_cache import CellViews, KVCache, KVFoldAttention, KVStepAttention, StaticKVCache
 from gc25d_core.models.sem_cond import SEM_COND_NAME, SemCondEncoder, install_sem_cond, sem_cond_keys
 from gc25d_core.vocab import Vocab
 
@@ -55,7 +55,7 @@ from diffsynth.models.wan_video_dit import (  # noqa: E402
 
 __all__ = ["GcDiT", "GcDiTBlock", "Mode", "TextContext", "block_forward", "cross_attention"]
 
-Mode = Literal["full", "tf", "kv"]
+Mode = Literal["full", "tf", "kv", "kv_cells"]
 
 
 class TextContext:
@@ -513,7 +513,7 @@ class GcDiT(WanModel):
         clean: torch.Tensor | None = None,
         return_clean: bool = False,
         cell: int | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | CellViews | None = None,
         commit: bool = False,
         return_output: bool = True,
         fold: Any = None,
@@ -527,7 +527,9 @@ class GcDiT(WanModel):
         ``mode="tf"``: teacher forcing, ``latents`` = the noisy copy, ``clean=`` the clean one (see
         ``forward_teacher_forcing``). ``mode="kv"``: one cell against a KV cache (see ``forward_kv``);
         with ``fold`` (a ``sampler.FoldedCommit`` of cell - 1) the previous cell's commit runs in the
-        same forward (``_forward_fold``).
+        same forward (``_forward_fold``). ``mode="kv_cells"``: consecutive cells [B, 48, K, H, W],
+        each against its own snapshot of a KV cache (``cache=`` a ``kv_cache.CellViews``; see
+        ``_forward_kv_cells``).
         """
         if mode == "full":
             return self._forward_full(
@@ -558,9 +560,15 @@ class GcDiT(WanModel):
                 checkpoint_blocks,
                 return_clean,
             )
+        if mode == "kv_cells":
+            if not isinstance(cache, CellViews):
+                raise ValueError("mode='kv_cells' needs cache= a kv_cache.CellViews")
+            return self._forward_kv_cells(
+                latents, timestep, context, sem_ids, cache, use_gradient_checkpointing
+            )
         if mode == "kv":
-            if cell is None or cache is None:
-                raise ValueError("mode='kv' needs cell= and cache=")
+            if cell is None or cache is None or isinstance(cache, CellViews):
+                raise ValueError("mode='kv' needs cell= and cache= a KV cache")
             if fold is not None:
                 return self._forward_fold(latents, cell, timestep, context, sem_ids, cache, fold)
             return self._forward_kv(
@@ -575,7 +583,7 @@ class GcDiT(WanModel):
                 return_output,
                 use_gradient_checkpointing,
             )
-        raise ValueError(f"mode={mode!r}: expected 'full', 'tf' or 'kv'")
+        raise ValueError(f"mode={mode!r}: expected 'full', 'tf', 'kv' or 'kv_cells'")
 
     def forward_teacher_forcing(
         self,
@@ -740,6 +748,26 @@ class GcDiT(WanModel):
             raise
         cache.end(commit)
         return self._out(x, t, grid) if return_output else None
+
+    def _forward_kv_cells(
+        self, latents, timestep, text, sem_ids, views: CellViews, checkpoint
+    ) -> torch.Tensor:
+        """K consecutive cells ``[B, 48, K, H, W]``, each at ``timestep`` (one value for every cell:
+        no TI2V anchor here) against the snapshot of the cache its own KV forward saw: the
+        velocities those K forwards give, from one pass of the linear layers (stage 3's exit
+        forwards with grad). ``sem_ids``: the K cells' frames; ``text``: K groups (an index
+        [B, K] into a bank)."""
+        sem = self.encode_sem(sem_ids, None, first_cell=views.first_cell)
+        x, grid = self.embed_latents(latents, sem)
+        f, h, w = grid
+        if f != len(views) or (h, w) != views.grid_hw:
+            raise ValueError(f"cells {f} and token grid {(h, w)} != the views' {len(views)}, {views.grid_hw}")
+        t_cells = self._kv_timestep(timestep, x).expand(x.shape[0], f)
+        t, t_mod = self.embed_time(t_cells, h * w)
+        text = self.prepare_text(text, num_groups=f)
+        attn = views.attention(self.rope_table(x.device, x.dtype), self.num_heads)
+        x = self.run_blocks(x, text, t_mod, attn, checkpoint and torch.is_grad_enabled())
+        return self._out(x, t, grid)
 
     def kv_body(
         self,

@@ -122,6 +122,19 @@ class KVCache:
         kv = self._token_freqs("kv", rope) if self.k[layer] else None
         return KVLayerView(self._token_freqs("q", rope), kv, tuple(self.k[layer]), tuple(self.v[layer]))
 
+    def snapshot(self, cell: int) -> CellSnapshot:
+        """What a forward of query ``cell`` sees, every layer, by reference (no copies): the cells it
+        may attend to after its eviction and their K / V. Later commits and evictions leave it as
+        it is (a cell's tensors are never rewritten), so a forward over it can run any time later."""
+        if type(self) is not KVCache:
+            raise TypeError("a snapshot needs the per-cell KVCache (the static cache rewrites its buffers)")
+        if self.cells and cell <= self.cells[-1]:
+            raise ValueError(f"query cell {cell} must come after the cached cells {self.cells}")
+        self.evict_for(cell)
+        return CellSnapshot(
+            cell, tuple(self.cells), tuple(tuple(k) for k in self.k), tuple(tuple(v) for v in self.v)
+        )
+
     # -- the folded commit (deploy): one forward commits cell k and runs cell k + 1's first step
 
     def begin_fold(self, cell: int) -> None:
@@ -464,6 +477,75 @@ class KVLayerView(NamedTuple):
     kv_freqs: tuple[torch.Tensor, torch.Tensor] | None
     k: tuple[torch.Tensor, ...]
     v: tuple[torch.Tensor, ...]
+
+
+class CellSnapshot(NamedTuple):
+    """``KVCache.snapshot``: the cached cells query ``cell`` sees and their K / V per layer."""
+
+    cell: int
+    cells: tuple[int, ...]
+    k: tuple[tuple[torch.Tensor, ...], ...]  # [layer][cached cell]
+    v: tuple[tuple[torch.Tensor, ...], ...]
+
+
+class CellViews:
+    """The ``cache`` of a forward over several consecutive query cells at once (``GcDiT`` mode
+    ``"kv_cells"``; stage 3's exit forwards with grad as one forward): each cell's snapshot, taken
+    when the rollout reached it. One forward of K cells gives what K replayable KV forwards give
+    (one per cell, ``KVStepAttention(replayable=True)``), with one launch of each linear layer
+    instead of K: the attention runs per cell, over what that cell saw, then itself."""
+
+    def __init__(self, spec: CausalConfig, grid_hw: tuple[int, int], snapshots: list[CellSnapshot]):
+        cells = [s.cell for s in snapshots]
+        if not cells or cells != list(range(cells[0], cells[0] + len(cells))):
+            raise ValueError(f"cell views must be of consecutive cells, got {cells}")
+        self.spec, self.grid_hw, self.snapshots = spec, grid_hw, snapshots
+        self.tokens_per_cell = grid_hw[0] * grid_hw[1]
+
+    @property
+    def first_cell(self) -> int:
+        return self.snapshots[0].cell
+
+    def __len__(self) -> int:
+        return len(self.snapshots)
+
+    def attention(self, rope: RopeTable, num_heads: int) -> KVCellsAttention:
+        return KVCellsAttention(self, rope, num_heads)
+
+
+class KVCellsAttention:
+    """The plan of a ``CellViews`` forward: the tokens are the cells' in cell order; cell i's group
+    attends as cell i's own KV forward would (``attend_view`` over its snapshot's layer). It reads
+    the snapshots only, so a recomputation in backward sees the same cells."""
+
+    def __init__(self, views: CellViews, rope: RopeTable, num_heads: int):
+        self.views, self.rope, self.num_heads = views, rope, num_heads
+        self._freqs: list[tuple[Any, Any]] | None = None
+
+    def freqs(self) -> list[tuple[Any, Any]]:
+        """Per cell: its query's RoPE table and its cached keys' (None without cached cells), as
+        ``KVCache.layer_view`` makes them; built once for every layer and the recomputation."""
+        if self._freqs is None:
+            spec, (h, w) = self.views.spec, self.views.grid_hw
+            self._freqs = [
+                (
+                    self.rope.token_freqs(torch.tensor([query_time_position(s.cell, spec)]), h, w),
+                    self.rope.token_freqs(rope_time_positions(torch.tensor(s.cells), s.cell, spec), h, w)
+                    if s.cells
+                    else None,
+                )
+                for s in self.views.snapshots
+            ]
+        return self._freqs
+
+    @torch.compiler.disable
+    def __call__(self, layer: int, q, k, v) -> torch.Tensor:
+        n, out = self.views.tokens_per_cell, []
+        for i, (snap, (q_freqs, kv_freqs)) in enumerate(zip(self.views.snapshots, self.freqs(), strict=True)):
+            rows = slice(i * n, (i + 1) * n)
+            view = KVLayerView(q_freqs, kv_freqs, snap.k[layer], snap.v[layer])
+            out.append(attend_view(view, q[:, rows], k[:, rows], v[:, rows], self.num_heads))
+        return torch.cat(out, dim=1)
 
 
 def _attend_cached(

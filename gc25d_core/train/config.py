@@ -299,6 +299,14 @@ class Stage3Config(CausalStageConfig):
         description="fast path on CUDA: torch.compile the replica's block bodies (their elementwise "
         "work fused; the KV attention eager). Within bf16 rounding of the eager replica, not bit-identical",
     )
+    batch_exit_forwards: bool = Field(
+        default=True,
+        description="fast path: the generator's rollout runs wholly on the replica, then its "
+        "grad_horizon exit forwards with grad run as one forward of the training module over those "
+        "cells, each attending to what it saw (false: one grad forward per cell during the rollout). "
+        "The scored x0 equal the per-cell forwards' up to floating-point rounding; the rollout "
+        "commits the replica's x0",
+    )
     batch_critic_rollouts: bool = Field(
         default=False,
         description="the critic updates' no-grad rollouts of a step as one batch before the first "

@@ -4,7 +4,8 @@ The generator rolls clips out through the deploy runtime's sampler (``models.sam
 real clean anchor, with the real per-cell ids and prompts; the draws (cells, exit step) come from
 rank 0. The fast path (``rollout_path`` "fast", ``models.fast_rollout``) runs the no-grad forwards
 on a replica of the generator gathered once per optimizer step; the exit forwards that carry
-gradients stay on the training module. Several no-grad rollouts (a step's critic updates) can run
+gradients stay on the training module, by default as one forward over the scored cells after the
+rollout (``batch_exit_forwards``). Several no-grad rollouts (a step's critic updates) can run
 as one batch (``rollout_groups``), each exactly as it would alone up to floating-point rounding.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from gc25d_core.distributed import broadcast_ints
 from gc25d_core.models.configs import CausalConfig
-from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
+from gc25d_core.models.fast_rollout import ExitCapture, ReplicaMode, RolloutRunner
 from gc25d_core.models.sem_cond import cell_frame_slice
 from gc25d_core.train.config import Stage3Config
 from gc25d_core.train.data import TrainingSample, batch_of, generator
@@ -118,6 +119,9 @@ class SelfRollout:
             else {"groups": RowGroups(device_gens, [e for _, e in draws])}
         )
         fast = self._fast() if self.rollout_path == "fast" else None
+        exits = None
+        if fast is not None and grad and self.section.batch_exit_forwards:
+            exits = ExitCapture(range(draws[0][0] - horizon, draws[0][0]), float(self.axis[draws[0][1]]))
 
         def text(cell: int) -> TextContext:
             # unbound: the forward binds it to the (possibly sharded) text embedding
@@ -147,16 +151,27 @@ class SelfRollout:
                 self.rollout_causal,
                 self.axis,
                 anchor.to(dtype),
-                slow=self.model if grad else None,
+                slow=self.model if grad and exits is None else None,
                 checkpoint=self.rollout_checkpoint,
+                exits=exits,
             )
             with torch.no_grad():
                 fast.start(streamer, anchor.to(dtype), text(0), sem(0))
         out, first = {}, min(c for c, _ in draws) - horizon
         for cell in range(1, cells):
-            x0 = streamer.step(text(cell), sem(cell), grad=grad and cell >= cells - horizon, **how)
+            scored = grad and exits is None and cell >= cells - horizon
+            x0 = streamer.step(text(cell), sem(cell), grad=scored, **how)
             if cell >= first:
                 out[cell] = x0.float()
+        if exits is not None:
+            tail = exits.cells
+            raw, index = self.text.context([[k[c] for c in tail] for k in keys])
+            frames = ids_dev[:, cell_frame_slice(tail[0]).start : cell_frame_slice(tail[-1]).stop]
+            x0 = exits.forward(
+                self.model, TextContext.build(raw, index.to(self.device)), frames, self.rollout_checkpoint
+            )
+            for i, c in enumerate(tail):
+                out[c] = x0[:, :, i : i + 1].float()
         clips = []
         for g, (c, _) in enumerate(draws):
             rows, tail = slice(g * n, (g + 1) * n), range(c - horizon, c)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gc25d_core.models.configs import CausalConfig
-from gc25d_core.models.fast_rollout import ReplicaMode, RolloutRunner
+from gc25d_core.models.fast_rollout import ExitCapture, ReplicaMode, RolloutRunner
 from gc25d_core.models.gcdit import TextContext
 from gc25d_core.models.sampler import CausalStreamer, RowGroups
 from gc25d_core.models.sem_cond import cell_frame_slice
@@ -119,6 +119,76 @@ def test_fast_grad_rollout_equals_the_module_rollout_in_values_and_gradients():
     assert torch.equal(x_fast, x_ref)
     assert all(torch.equal(a, b) for a, b in zip(g_fast, g_ref, strict=True))
     assert any(g.abs().sum() > 0 for g in g_fast)
+
+
+def _fast_rollout_batched_exits(
+    runner: RolloutRunner, slow, anchor, banks, index, ids, exit_step: int, seed: int = 0
+):
+    """The whole rollout on the replica, then the last HORIZON cells' exit forwards with grad as
+    one forward of ``slow`` over those cells (``ExitCapture``), put in place of the replica's x0."""
+    exits = ExitCapture(range(CELLS - HORIZON, CELLS), AXIS[exit_step])
+    streamer = runner.streamer(SPEC, AXIS, anchor, checkpoint=True, exits=exits)
+
+    def start(*a):
+        runner.start(streamer, *a)
+
+    args = (anchor, banks, index, ids)
+    x = _rollout(streamer, start, runner.cell_text, *args, exit_step=exit_step, grad=False, seed=seed)
+    # the scored cells' prompts as one bank (each cell's P prompts in turn) and an index [B, K]
+    tail = exits.cells
+    bank = torch.cat([banks[c] for c in tail], dim=1)
+    per_cell = banks[tail[0]].shape[1]
+    text = TextContext.build(bank, torch.cat([index + i * per_cell for i in range(len(tail))], dim=1))
+    frames = ids[:, cell_frame_slice(tail[0]).start : cell_frame_slice(tail[-1]).stop]
+    x0 = exits.forward(slow, text, frames, checkpoint=True)
+    return torch.cat([x[:, :, : tail[0] - 1], x0.float()], dim=2), exits
+
+
+@pytest.mark.parametrize("exit_step", [2, 0])
+def test_batched_exit_forwards_equal_the_per_cell_grad_rollout(exit_step):
+    """The K exit forwards with grad as one forward over the K cells, each attending to the snapshot
+    of the cache its own forward saw: the clip and the gradients of the per-cell grad forwards,
+    up to the rounding of other matrix shapes (fp32 here: within 1e-5 of the largest value)."""
+    model = make_model(seed=2).train()
+    runner = _runner(model, ReplicaMode(), "cpu")
+    args = _inputs(batch=2, distinct=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    weight = None
+    results = []
+    for batched in (False, True):
+        if batched:
+            x, exits = _fast_rollout_batched_exits(runner, model, *args, exit_step=exit_step)
+        else:
+            x = _fast_rollout(runner, model, *args, exit_step=exit_step, grad=True)
+        weight = (
+            torch.randn(x.shape, generator=torch.Generator().manual_seed(4)) if weight is None else weight
+        )
+        results.append((x.detach(), torch.autograd.grad((x * weight).sum(), params, allow_unused=True)))
+    (x_ref, g_ref), (x_new, g_new) = results
+    assert x_new.shape == x_ref.shape
+    assert _rel(x_new, x_ref) < 1e-5
+    assert torch.equal(x_new[:, :, : CELLS - HORIZON - 1], x_ref[:, :, : CELLS - HORIZON - 1])
+    used = [(a, b) for a, b in zip(g_new, g_ref, strict=True) if b is not None]
+    assert len(used) == sum(b is not None for b in g_ref) and any(b.abs().sum() > 0 for _, b in used)
+    assert max(_rel(a, b) for a, b in used if b.abs().max() > 0) < 1e-4
+    # each scored cell's snapshot holds what it saw: the window's cells before it, by reference
+    assert sorted(exits.snapshots) == list(range(CELLS - HORIZON, CELLS))
+    assert all(s.cells and max(s.cells) == s.cell - 1 for s in exits.snapshots.values())
+
+
+def test_an_exit_capture_refuses_a_rollout_that_did_not_reach_its_cells():
+    model = make_model(seed=2)
+    runner = _runner(model, ReplicaMode(), "cpu")
+    anchor, banks, index, ids = _inputs(batch=1, distinct=True)
+    exits = ExitCapture(range(CELLS - HORIZON, CELLS), AXIS[1])
+    with pytest.raises(ValueError, match="either per cell"):
+        runner.streamer(SPEC, AXIS, anchor, slow=model, exits=exits)
+    streamer = runner.streamer(SPEC, AXIS, anchor, exits=exits)
+    with torch.no_grad():
+        runner.start(streamer, anchor, runner.cell_text(banks[0], index), ids[:, cell_frame_slice(0)])
+        streamer.step(runner.cell_text(banks[1], index), ids[:, cell_frame_slice(1)], exit_step=1)
+    with pytest.raises(RuntimeError, match="did not reach the exits of cells"):
+        exits.forward(model, TextContext.build(banks[1], index), ids[:, cell_frame_slice(1)])
 
 
 def _grouped_rollout(streamer, start, text, anchor, banks, index, ids, groups: RowGroups):
@@ -237,7 +307,8 @@ def test_cuda_rollout_equals_the_module_rollout(kind):
     and for fp32 weights under bf16 autocast (the torch engine); and so do its forwards replayed from
     CUDA graphs (one per fill level: the captured kernels are the eager ones), no-grad and with the
     grad exit forwards on the training forward. The relative errors are printed (H200, 2026-12-02:
-    0.0 everywhere)."""
+    0.0 everywhere). The exit forwards batched into one forward (``ExitCapture``) stay within bf16
+    rounding (2e-2 of the largest value)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     master = make_model(seed=4).cuda().train()
@@ -282,6 +353,16 @@ def test_cuda_rollout_equals_the_module_rollout(kind):
             assert runner.graphs.replays > 0
         assert torch.equal(fast, ref) and torch.equal(x, x_ref), errs
         assert all(torch.equal(a, b) for a, b in zip(g, g_ref, strict=True)), errs
+        # the exit forwards batched into one forward over the scored cells (stage 3's default):
+        # other GEMM shapes in bf16, and the rollout commits the replica's x0 of those cells
+        xb, _ = _fast_rollout_batched_exits(runner, forward, *args, exit_step=1, seed=6)
+        gb = torch.autograd.grad((xb * weight).sum(), params)
+        top = max(float(b.abs().max()) for b in g_ref)
+        grad_err = max(float((a - b).abs().max()) for a, b in zip(gb, g_ref, strict=True)) / top
+        print(
+            f"{kind} graphs={graphs} batched exits: grad rollout {_rel(xb, x_ref):.2e}, grads {grad_err:.2e}"
+        )
+        assert _rel(xb, x_ref) < 2e-2 and grad_err < 2e-2
 
 
 def test_a_cell_with_the_previous_cells_prompts_keeps_the_text_memo():
@@ -374,3 +455,20 @@ def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding():
     assert torch.equal(got[0], got[1])
     assert err <= 2e-2, err
     torch._dynamo.reset()
+
+
+def test_cell_views_take_consecutive_snapshots_of_the_per_cell_cache_only():
+    """A snapshot holds references that later commits never rewrite: only the per-cell KVCache
+    gives them (the static cache compacts its buffers in place)."""
+    from gc25d_core.models.kv_cache import CellViews
+
+    model = make_model(seed=2)
+    static = model.new_kv_cache(SPEC, (4, 6), static=True)
+    with pytest.raises(TypeError, match="per-cell KVCache"):
+        static.snapshot(1)
+    cache = model.new_kv_cache(SPEC, (4, 6))
+    a, b = cache.snapshot(1), cache.snapshot(3)
+    with pytest.raises(ValueError, match="consecutive cells"):
+        CellViews(SPEC, (2, 3), [a, b])
+    with pytest.raises(ValueError, match="a kv_cache.CellViews"):
+        model(torch.zeros(1, 48, 1, 4, 6), 500.0, torch.zeros(1, 16, 64), mode="kv_cells", cache=cache)
