@@ -176,7 +176,14 @@ def main(argv: list[str] | None = None) -> None:
     for against in SMOKE_LEVER_CHECKS if args.smoke else LEVER_CHECKS:
         t0 = time.perf_counter()
         argv = ["--preset", str(runs_root / "fast_decoder" / "default" / "config.yaml")]
-        argv += ["--export", str(deploy_run / "deploy.safetensors"), f"--against={against}"]
+        # the reference decodes with the VAE (the CLI's auto may pick the fast decoder on CUDA)
+        argv += [
+            "--export",
+            str(deploy_run / "deploy.safetensors"),
+            "--decoder",
+            "vae",
+            f"--against={against}",
+        ]
         lever_error.main([*argv, "--cells", str(8 if args.smoke else LEVER_CELLS)])
         phase("lever_error", t0, against=against)
     if stop < PHASES.index("eval"):

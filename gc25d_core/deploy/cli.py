@@ -64,10 +64,12 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--decoder",
-        choices=("vae", "fast"),
-        default="vae",
-        help="vae (default), or fast: the fast_decoder asset's small decoder (models.fast_decoder); "
-        "where its file is there, serve's page switches between the two",
+        choices=("auto", "vae", "fast"),
+        default="auto",
+        help="auto (default): fast on CUDA where the fast_decoder asset's fit is within 1.5 dB of the "
+        "VAE decoder's PSNR vs the frames on held-out clips, else vae; fast: the fast_decoder "
+        "asset's small decoder (models.fast_decoder). Where its file is there, serve's page "
+        "switches between the two",
     )
     p.add_argument(
         "--fp8",

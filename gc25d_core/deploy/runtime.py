@@ -82,9 +82,11 @@ class RuntimeOptions(Strict):
         default=False,
         description="lean VAE ops + channels-last-3d conv weights + cuDNN autotune for the decode (GPU)",
     )
-    decoder: Literal["vae", "fast"] = Field(
+    decoder: Literal["vae", "fast", "auto"] = Field(
         default="vae",
-        description="the VAE's streaming decoder, or the fast_decoder asset's (models.fast_decoder)",
+        description="the VAE's streaming decoder, or the fast_decoder asset's (models.fast_decoder); "
+        "auto (open_session resolves it): fast on CUDA where its record earns the default "
+        "(models.fast_decoder.default_worthy), else vae",
     )
     fp8: bool = Field(default=False, description="FP8 GEMMs for the DiT blocks' linear layers (models.fp8)")
     fp8_skip: tuple[str, ...] = Field(
@@ -243,6 +245,10 @@ class DeployRuntime:
         self._key_idx = {k: torch.tensor([[i]], device=self.device) for k, i in self.key_index.items()}
         self.vae = vae
         decode_dtype = torch.bfloat16 if opts.decode_dtype == "bf16" else torch.float32
+        if opts.decoder == "auto":
+            raise ValueError(
+                "decoder='auto' is resolved by deploy.session.open_session (it reads the fast decoder's record)"
+            )
         if opts.decoder == "fast" and fast_decoder is None:
             raise ValueError(
                 "decoder='fast' needs the fast decoder (the fast_decoder asset's file: "

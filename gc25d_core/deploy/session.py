@@ -127,6 +127,18 @@ class LiveSession:
         return StepOut(out.cell, block.astype(np.uint8), key, cond, out, ready)
 
 
+def resolve_decoder(wanted: str, device: torch.device, record: dict[str, Any] | None) -> str:
+    """``RuntimeOptions.decoder``'s ``auto`` (the CLI's default) for a session on ``device``: the fast
+    decoder on CUDA where the fast_decoder asset's record earns it the default (issue 34: its held-out
+    PSNR vs the frames within ``models.fast_decoder.DEFAULT_GAP_DB`` of the VAE decoder's), else the
+    VAE (on a CPU the VAE stays: the levers' defaults are the GPU's). ``vae`` / ``fast`` stay."""
+    from gc25d_core.models.fast_decoder import default_worthy
+
+    if wanted != "auto":
+        return wanted
+    return "fast" if device.type == "cuda" and default_worthy(record) else "vae"
+
+
 def open_session(
     export: Path | str,
     cfg: Gc25dConfig,
@@ -146,9 +158,11 @@ def open_session(
     table = load_text_table(cfg)
     from gc25d_core.models.fast_decoder import load_fast_decoder_for, read_record
 
-    fast = None
+    fast, record = None, read_record(cfg)
+    if options is not None and options.decoder == "auto":
+        options = options.model_copy(update={"decoder": resolve_decoder("auto", dev, record)})
     asked = options is not None and options.decoder == "fast"
-    if asked or read_record(cfg) is not None:  # the fast_decoder asset's, SHA256 checked
+    if asked or record is not None:  # the fast_decoder asset's, SHA256 checked
         try:
             fast = load_fast_decoder_for(cfg, dev)
         except WeightsError:

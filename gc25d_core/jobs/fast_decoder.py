@@ -79,6 +79,7 @@ def run_fast_decoder(cfg: Gc25dConfig, rep: Reporter, frames_of: FramesOf | None
     from gc25d_core.index import read_index
     from gc25d_core.layout import Layout, Shapes, read_latents
     from gc25d_core.models.fast_decoder import (
+        DEFAULT_GAP_DB,
         FitClip,
         cell_seconds,
         fit_fast_decoder,
@@ -151,7 +152,7 @@ def run_fast_decoder(cfg: Gc25dConfig, rep: Reporter, frames_of: FramesOf | None
         "heldout_clips": len(held),
         # the held-out (val) clips decoded cell by cell, uint8 frames, dB
         **metrics,
-        "within_1p5db_of_vae": bool(metrics["gap_db"] <= 1.5),
+        "within_1p5db_of_vae": bool(metrics["gap_db"] <= DEFAULT_GAP_DB),
         # one steady-state cell where it trained (full-dims GPU speed: bench.speed.fast_decoder)
         "cell_ms": 1e3 * cell_seconds(dec, cfg.geometry.latent_hw, device=device, cells=5, warmup=1),
         "cell_device": device,

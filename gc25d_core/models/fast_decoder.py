@@ -292,7 +292,7 @@ def heldout_psnr(decoder: FastDecoder, clips: Sequence[FitClip]) -> dict[str, fl
         "psnr_vs_gt_db": float(np.mean(vs_gt)),
         "vae_psnr_vs_gt_db": float(np.mean(vae_gt)),
     }
-    out["gap_db"] = out["vae_psnr_vs_gt_db"] - out["psnr_vs_gt_db"]  # the default rule: <= 1.5 dB
+    out["gap_db"] = out["vae_psnr_vs_gt_db"] - out["psnr_vs_gt_db"]  # the default rule: DEFAULT_GAP_DB
     return out
 
 
@@ -391,6 +391,18 @@ class _RecordHead(BaseModel):
     model_config = ConfigDict(extra="allow")
     sha256: str
     inputs_key: str
+
+
+# issue 34: deploy decodes with the fast decoder by default (on CUDA) where its held-out PSNR against
+# the frames is at most this far below the VAE decoder's
+DEFAULT_GAP_DB = 1.5
+
+
+def default_worthy(record: dict[str, Any] | None) -> bool:
+    """Whether a fit's record earns the fast decoder the default: its held-out ``gap_db`` (the VAE
+    decoder's PSNR vs the frames minus the fast decoder's) is at most ``DEFAULT_GAP_DB``."""
+    gap = None if record is None else record.get("gap_db")
+    return isinstance(gap, int | float) and gap <= DEFAULT_GAP_DB
 
 
 def read_record(cfg: Gc25dConfig) -> dict[str, Any] | None:

@@ -96,3 +96,44 @@ def test_the_decoder_switch_continues_the_session_as_that_decoder_would(tiny_exp
     back = play(s, switch_at=3, to="vae")  # the session starts on the fast decoder now
     for got, want in zip(back, fast[:4] + vae[4:], strict=True):
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "device", "record", "expected"),
+    [
+        ("auto", "cuda", {"gap_db": 0.42}, "fast"),  # the small preset's fit (2026-12-03)
+        ("auto", "cuda", {"gap_db": 1.5}, "fast"),  # the rule's bound itself
+        ("auto", "cuda", {"gap_db": 1.51}, "vae"),
+        ("auto", "cuda", {}, "vae"),  # a record without the held-out comparison
+        ("auto", "cuda", None, "vae"),  # no fast_decoder asset
+        ("auto", "cpu", {"gap_db": 0.42}, "vae"),  # the defaults follow the GPU's table
+        ("fast", "cpu", None, "fast"),
+        ("vae", "cuda", {"gap_db": 0.0}, "vae"),
+    ],
+)
+def test_the_default_decoder_is_the_fast_one_on_cuda_where_its_fit_earned_it(
+    wanted, device, record, expected
+):
+    from gc25d_core.deploy.session import resolve_decoder
+
+    assert resolve_decoder(wanted, torch.device(device), record) == expected
+
+
+def test_auto_opens_a_cpu_session_on_the_vae_with_the_fast_decoder_to_switch_to(tiny_export, tmp_path):
+    from gc25d_core.deploy.cli import build_parser, runtime_options
+    from gc25d_core.deploy.runtime import DeployRuntime
+    from gc25d_core.models.vae import build_vae_for
+    from gc25d_core.text import load_text_table
+
+    cfg = tiny_deploy_cfg(tmp_path)
+    torch.manual_seed(0)
+    digest = save_fast_decoder(FastDecoder(width=8), weights_file(cfg))
+    record_file(cfg).write_text(json.dumps({"sha256": digest, "inputs_key": "test", "gap_db": 0.4}))
+    opts = runtime_options(build_parser().parse_args(["play"]), cuda=False)
+    assert opts.decoder == "auto"  # the CLI's default
+    s = open_session(tiny_export, cfg, device="cpu", options=opts)
+    assert s.runtime.options.decoder == "vae" and sorted(s.runtime.decoders) == ["fast", "vae"]
+    with pytest.raises(ValueError, match="resolved by deploy.session.open_session"):
+        DeployRuntime.load(
+            tiny_export, load_text_table(cfg), build_vae_for(cfg, torch.device("cpu")), options=opts
+        )
