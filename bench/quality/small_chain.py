@@ -15,6 +15,8 @@ Usage (GPU machine; one call per line, back to back on one warm machine):
     python -m bench.quality.small_chain --root /tmp/small --through fast_decoder   # deploy, fast decoder, levers' error
     python -m bench.quality.small_chain --root /tmp/small --through eval      # live2400 + the dataset sweeps
 Smoke (here, CPU): python -m bench.quality.small_chain --root /tmp/small_smoke --smoke
+Across device calls without a restart: bench/quality/small_chain_gpu.sh runs it in the background on
+the warm machine and follows it (each call the same command, within the machine's idle window).
 """
 
 from __future__ import annotations
