@@ -35,8 +35,8 @@ PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "fast_decoder
 # job), its record (held-out PSNR vs the VAE and vs the frames, ms a cell) printed; --smoke: a few steps
 SMOKE_FAST_DECODER: dict[str, Any] = {"steps": 4, "batch": 2, "max_clips": 2}
 # the deploy levers whose error on the trained student is measured (CPU smoke: no FP8 there)
-LEVER_CHECKS = ("--decoder fast", "--fp8")
-SMOKE_LEVER_CHECKS = ("--decoder fast",)
+LEVER_CHECKS = {"fast": "--decoder fast", "fp8": "--fp8"}
+SMOKE_LEVER_CHECKS = ("fast",)
 LEVER_CELLS = 240
 # --smoke: a few steps of each stage on CPU (fp32, one rank), enough to pass every hand-off
 SMOKE_STAGE: dict[str, Any] = {
@@ -57,6 +57,20 @@ SMOKE_EVAL: dict[str, Any] = {
     "clip28_clips": 1,
     "chain241_chains": 0,
 }
+
+
+def lever_checks(chosen: str | None, smoke: bool, fitted: bool = True) -> list[str]:
+    """The CLI flags of the lever checks ``chosen`` names (comma-separated keys of LEVER_CHECKS;
+    "" none). Default: all of them (the smoke's on a CPU), the fast decoder's only where this run
+    fitted it (``fitted``)."""
+    if chosen is None:
+        names = [n for n in (SMOKE_LEVER_CHECKS if smoke else LEVER_CHECKS) if fitted or n != "fast"]
+    else:
+        names = [n for n in chosen.split(",") if n]
+    unknown = sorted(set(names) - set(LEVER_CHECKS))
+    if unknown:
+        raise SystemExit(f"--levers: {unknown} are not among {sorted(LEVER_CHECKS)}")
+    return [LEVER_CHECKS[n] for n in names]
 
 
 def _stage_section(name: str, smoke: bool, steps: dict[str, int]) -> dict[str, Any]:
@@ -100,6 +114,19 @@ def main(argv: list[str] | None = None) -> None:
         "--eval",
         default=None,
         help="JSON: fields of the eval's EvalConfig (default: live2400, or a short live240 with --smoke)",
+    )
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=("fast_decoder",),
+        help="leave a phase out (fast_decoder: its fit; the lever checks then default to FP8's) and go on",
+    )
+    ap.add_argument(
+        "--levers",
+        default=None,
+        help=f"the lever checks after the fast decoder, comma-separated of {sorted(LEVER_CHECKS)} "
+        "(default all; '' none)",
     )
     ap.add_argument(
         "--eval-labels",
@@ -163,29 +190,26 @@ def main(argv: list[str] | None = None) -> None:
     if stop < PHASES.index("fast_decoder"):
         return
 
-    from gc25d_core.models.fast_decoder import record_file
+    if "fast_decoder" not in args.skip:
+        from gc25d_core.models.fast_decoder import record_file
 
-    fd = {"enabled": True, **(SMOKE_FAST_DECODER if args.smoke else {})}
-    fcfg = cfg.model_copy(update={"fast_decoder": cfg.fast_decoder.model_copy(update=fd)})
-    t0 = time.perf_counter()
-    launch("gc25d_core.jobs.fast_decoder", fcfg, runs_root / "fast_decoder" / "default", 1)
-    record = json.loads(record_file(fcfg).read_text())
-    phase("fast_decoder", t0, record={k: v for k, v in record.items() if not isinstance(v, (dict, list))})
+        fd = {"enabled": True, **(SMOKE_FAST_DECODER if args.smoke else {})}
+        fcfg = cfg.model_copy(update={"fast_decoder": cfg.fast_decoder.model_copy(update=fd)})
+        t0 = time.perf_counter()
+        launch("gc25d_core.jobs.fast_decoder", fcfg, runs_root / "fast_decoder" / "default", 1)
+        record = json.loads(record_file(fcfg).read_text())
+        phase("fast_decoder", t0, record={k: v for k, v in record.items() if not isinstance(v, (dict, list))})
     # issue 34: FP8's and the fast decoder's error on this trained student, each beside the CLI's
     # default path through the session the CLI opens (bench.quality.lever_error prints its record)
     from bench.quality import lever_error
 
-    for against in SMOKE_LEVER_CHECKS if args.smoke else LEVER_CHECKS:
+    fitted = "fast_decoder" not in args.skip
+    preset = (runs_root / "fast_decoder" / "default" if fitted else deploy_run) / "config.yaml"
+    for against in lever_checks(args.levers, args.smoke, fitted):
         t0 = time.perf_counter()
-        argv = ["--preset", str(runs_root / "fast_decoder" / "default" / "config.yaml")]
         # the reference decodes with the VAE (the CLI's auto may pick the fast decoder on CUDA)
-        argv += [
-            "--export",
-            str(deploy_run / "deploy.safetensors"),
-            "--decoder",
-            "vae",
-            f"--against={against}",
-        ]
+        argv = ["--preset", str(preset), "--export", str(deploy_run / "deploy.safetensors")]
+        argv += ["--decoder", "vae", f"--against={against}"]
         lever_error.main([*argv, "--cells", str(8 if args.smoke else LEVER_CELLS)])
         phase("lever_error", t0, against=against)
     if stop < PHASES.index("eval"):
