@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     if stop < PHASES.index("fast_decoder"):
         return
 
-    if "fast_decoder" not in args.skip:
+    fitted = "fast_decoder" not in args.skip
+    if fitted:
         from gc25d_core.models.fast_decoder import record_file
 
         fd = {"enabled": True, **(SMOKE_FAST_DECODER if args.smoke else {})}
@@ -203,7 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     # default path through the session the CLI opens (bench.quality.lever_error prints its record)
     from bench.quality import lever_error
 
-    fitted = "fast_decoder" not in args.skip
     preset = (runs_root / "fast_decoder" / "default" if fitted else deploy_run) / "config.yaml"
     for against in lever_checks(args.levers, args.smoke, fitted):
         t0 = time.perf_counter()

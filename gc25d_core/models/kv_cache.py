@@ -26,6 +26,25 @@ if TYPE_CHECKING:
     pass
 
 
+def query_freqs(
+    rope: RopeTable, cell: int, spec: CausalConfig, grid_hw: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE tables of query ``cell``'s tokens in a KV forward (its capped time position)."""
+    return rope.token_freqs(torch.tensor([query_time_position(cell, spec)]), *grid_hw)
+
+
+def key_freqs(
+    rope: RopeTable,
+    cells: list[int] | tuple[int, ...],
+    q_cell: int,
+    spec: CausalConfig,
+    grid_hw: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE tables of the cached ``cells``' keys as query ``q_cell`` sees them (sink cells keep
+    their positions, window cells shift past the cap)."""
+    return rope.token_freqs(rope_time_positions(torch.tensor(cells), q_cell, spec), *grid_hw)
+
+
 class KVCache:
     """Per-layer K (un-rotated) and V of committed cells, evicted by ``visible``.
 
@@ -93,12 +112,10 @@ class KVCache:
     def _token_freqs(self, which: str, rope: RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
         if which not in self._freqs:
             assert self._cell is not None
-            h, w = self.grid_hw
             if which == "q":
-                pos = torch.tensor([query_time_position(self._cell, self.spec)])
+                self._freqs[which] = query_freqs(rope, self._cell, self.spec, self.grid_hw)
             else:
-                pos = rope_time_positions(torch.tensor(self.cells), self._cell, self.spec)
-            self._freqs[which] = rope.token_freqs(pos, h, w)
+                self._freqs[which] = key_freqs(rope, self.cells, self._cell, self.spec, self.grid_hw)
         return self._freqs[which]
 
     @torch.compiler.disable  # python-side cache state: keep it out of compiled block graphs
@@ -161,10 +178,9 @@ class KVCache:
         fold = self._fold
         if "freqs" not in fold:
             assert self._cell is not None
-            h, w = self.grid_hw
             nxt = self._cell + 1
-            q = rope.token_freqs(torch.tensor([query_time_position(nxt, self.spec)]), h, w)
-            kv = rope.token_freqs(rope_time_positions(torch.tensor(fold["cells"]), nxt, self.spec), h, w)
+            q = query_freqs(rope, nxt, self.spec, self.grid_hw)
+            kv = key_freqs(rope, fold["cells"], nxt, self.spec, self.grid_hw)
             fold["freqs"] = (q, kv)
         return fold["freqs"]
 
@@ -404,9 +420,8 @@ class StaticKVCache(KVCache):
         kept = self._fold_kept(cell)
         after = [*self.cells, cell]
         self._fold = {"cells": kept, "slots": tuple(after.index(c) for c in kept)}
-        h, w = self.grid_hw
-        cos_q, sin_q = self.rope.token_freqs(torch.tensor([query_time_position(nxt, self.spec)]), h, w)
-        cos_k, sin_k = self.rope.token_freqs(rope_time_positions(torch.tensor(kept), nxt, self.spec), h, w)
+        cos_q, sin_q = query_freqs(self.rope, nxt, self.spec, self.grid_hw)
+        cos_k, sin_k = key_freqs(self.rope, kept, nxt, self.spec, self.grid_hw)
         if self.cos_qn is None or self.sin_qn is None or self.cos_kn is None or self.sin_kn is None:
             full = ((self.slots + 1) * self.tokens_per_cell, cos_k.shape[1])
             self.cos_qn, self.sin_qn = cos_q.clone(), sin_q.clone()
@@ -526,13 +541,11 @@ class KVCellsAttention:
         """Per cell: its query's RoPE table and its cached keys' (None without cached cells), as
         ``KVCache.layer_view`` makes them; built once for every layer and the recomputation."""
         if self._freqs is None:
-            spec, (h, w) = self.views.spec, self.views.grid_hw
+            spec, hw = self.views.spec, self.views.grid_hw
             self._freqs = [
                 (
-                    self.rope.token_freqs(torch.tensor([query_time_position(s.cell, spec)]), h, w),
-                    self.rope.token_freqs(rope_time_positions(torch.tensor(s.cells), s.cell, spec), h, w)
-                    if s.cells
-                    else None,
+                    query_freqs(self.rope, s.cell, spec, hw),
+                    key_freqs(self.rope, s.cells, s.cell, spec, hw) if s.cells else None,
                 )
                 for s in self.views.snapshots
             ]

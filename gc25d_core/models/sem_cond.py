@@ -110,6 +110,11 @@ def cell_frame_slice(cell: int) -> slice:
     return slice(FRAMES_PER_CELL * cell - (FRAMES_PER_CELL - 1), FRAMES_PER_CELL * cell + 1)
 
 
+def cells_frame_slice(cells: range) -> slice:
+    """Clip-relative frames of the consecutive latent ``cells`` (``cell_frame_slice`` of each, joined)."""
+    return slice(cell_frame_slice(cells[0]).start, cell_frame_slice(cells[-1]).stop)
+
+
 def frames_to_cell_time(x_BKFHW: torch.Tensor, first_cell: int = 0) -> torch.Tensor:
     """Make every cell 4 frames long along dim 2: from cell 0, frame 0 is replicated x4."""
     num_cells_for_frames(x_BKFHW.shape[2], first_cell)

@@ -20,7 +20,7 @@ import torch
 from gc25d_core.distributed import broadcast_ints
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.fast_rollout import ExitCapture, ReplicaMode, RolloutRunner
-from gc25d_core.models.sem_cond import cell_frame_slice
+from gc25d_core.models.sem_cond import cell_frame_slice, cells_frame_slice
 from gc25d_core.train.config import Stage3Config
 from gc25d_core.train.data import TrainingSample, batch_of, generator
 from gc25d_core.train.inputs import to_device
@@ -166,7 +166,7 @@ class SelfRollout:
         if exits is not None:
             tail = exits.cells
             raw, index = self.text.context([[k[c] for c in tail] for k in keys])
-            frames = ids_dev[:, cell_frame_slice(tail[0]).start : cell_frame_slice(tail[-1]).stop]
+            frames = ids_dev[:, cells_frame_slice(tail)]
             x0 = exits.forward(
                 self.model, TextContext.build(raw, index.to(self.device)), frames, self.rollout_checkpoint
             )

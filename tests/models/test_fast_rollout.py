@@ -15,7 +15,7 @@ from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.fast_rollout import ExitCapture, ReplicaMode, RolloutRunner
 from gc25d_core.models.gcdit import TextContext
 from gc25d_core.models.sampler import CausalStreamer, RowGroups
-from gc25d_core.models.sem_cond import cell_frame_slice
+from gc25d_core.models.sem_cond import cell_frame_slice, cells_frame_slice
 
 from .tiny import make_inputs, make_model
 
@@ -139,7 +139,7 @@ def _fast_rollout_batched_exits(
     bank = torch.cat([banks[c] for c in tail], dim=1)
     per_cell = banks[tail[0]].shape[1]
     text = TextContext.build(bank, torch.cat([index + i * per_cell for i in range(len(tail))], dim=1))
-    frames = ids[:, cell_frame_slice(tail[0]).start : cell_frame_slice(tail[-1]).stop]
+    frames = ids[:, cells_frame_slice(tail)]
     x0 = exits.forward(slow, text, frames, checkpoint=True)
     return torch.cat([x[:, :, : tail[0] - 1], x0.float()], dim=2), exits
 
