@@ -7,7 +7,7 @@
 # Usage (device machine, repository root, `carry: [".whl"]`; call again within 30 s of the last):
 #     WAIT=540 bash bench/quality/small_chain_gpu.sh [small_chain arguments]
 # RESTART=1: start it again after a failure; COLLECT=1: bring the reports back while it runs.
-# Its log and, once it is done, its reports come back under $OUT.
+# Its log and, once it is done, its reports come back under $OUT; a finished chain's exit status is the call's.
 set -u
 cd "$(dirname "$0")/../.."
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -37,3 +37,6 @@ else
 fi
 grep '^{' $LOG | cut -c1-400 | tail -40
 tail -n 40 $LOG
+# a finished chain's status is this call's (a failed chain fails the call); a running one's is 0
+[ -e $RC ] && exit "$(cat $RC)"
+exit 0
