@@ -370,18 +370,35 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
         k = sec.grad_horizon
         scored = 1 + k  # the scored clip: the anchor + the last K cells
         per_step, roll_f, roll_s = [], [], []
+        # batched exits: the replica runs the exit forwards too, then the training module once more
+        batched = sec.rollout_path == "fast" and sec.batch_exit_forwards
         for r in steady_p:
             draws = r["draws"]
             f_roll = sum(fl.rollout(c, e, k, grad=False) for c, e in draws[:-1])
             f_roll_g = fl.rollout(*draws[-1], k, grad=True)
+            c_g = draws[-1][0]
+            f_exits = sum(fl.kv(q) for q in range(c_g - k, c_g)) if batched else 0.0
             f_scores = len(draws[:-1]) * 3 * fl.full(scored) + 2 * fl.full(scored)
-            per_step.append(f_roll + f_roll_g + f_scores)
+            per_step.append(f_roll + f_roll_g + f_exits + f_scores)
             roll_f.append(f_roll + sum(fl.rollout(c, e, k, grad=False) for c, e in draws[-1:]))
             roll_s.append(r["s"].get("rollout_nograd", 0.0) + r["s"].get("rollout_grad", 0.0))
         s = [r["s"] for r in steady_p]
         out["rollout_s_median"] = med(roll_s)
         out["rollout_forward_mfu_median"] = med(
             [mfu(f, t) for f, t in zip(roll_f, roll_s, strict=True) if t > 0]
+        )
+        # the rollouts' share of the step's FLOPs is their share of its time at equal efficiency:
+        # a time share above it says the rollouts run less efficiently than the updates
+        out["rollout_flop_share_median"] = med([f / p for f, p in zip(roll_f, per_step, strict=True)])
+        out["rollout_time_share_median"] = med(
+            [t / r["step_s"] for t, r in zip(roll_s, steady_p, strict=True) if r["step_s"] > 0]
+        )
+        out["updates_mfu_median"] = med(
+            [
+                mfu(p - f, r["step_s"] - t)
+                for p, f, t, r in zip(per_step, roll_f, roll_s, steady_p, strict=True)
+                if r["step_s"] > t
+            ]
         )
         out["critic_updates_s_median"] = med(
             [x.get("critic_step", 0.0) + x.get("critic_prefetch", 0.0) for x in s]
