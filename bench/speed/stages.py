@@ -58,6 +58,7 @@ from bench.common import (
     exit_on_failed_runs,
     forward_flops,
     mfu,
+    print_result,
     short_run,
     torchrun,
     torchrun_bench_args,
@@ -297,6 +298,25 @@ class Flops:
                 f += 2 * self.kv(q)
         return f
 
+    def stage3_step(
+        self, draws: list[tuple[int, int]], horizon: int, batched_exits: bool
+    ) -> dict[str, float]:
+        """One DMD step's FLOPs by part, from its draws (the critic updates' (cells, exit step), then
+        the generator's): the no-grad rollouts, the critic updates (forward + backward over the
+        scored clip), the generator's exits (backward; with ``batched_exits`` also the training
+        module's forward over the K cells, which the replica ran too) and its two scores."""
+        scored = self.full(1 + horizon)
+        crit, (c_g, e_g) = draws[:-1], draws[-1]
+        parts = {
+            "rollouts": sum(self.rollout(c, e, horizon, grad=False) for c, e in draws),
+            "critic_updates": len(crit) * 3 * scored,
+            "generator_exits": self.rollout(c_g, e_g, horizon, grad=True)
+            - self.rollout(c_g, e_g, horizon, grad=False)
+            + (sum(self.kv(q) for q in range(c_g - horizon, c_g)) if batched_exits else 0.0),
+            "generator_scores": 2 * scored,
+        }
+        return {**parts, "total": sum(parts.values())}
+
 
 # ------------------------------------------------------------------------------------------ results
 
@@ -368,19 +388,12 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
         )
     else:  # stage 3
         k = sec.grad_horizon
-        scored = 1 + k  # the scored clip: the anchor + the last K cells
         per_step, roll_f, roll_s = [], [], []
-        # batched exits: the replica runs the exit forwards too, then the training module once more
         batched = sec.rollout_path == "fast" and sec.batch_exit_forwards
         for r in steady_p:
-            draws = r["draws"]
-            f_roll = sum(fl.rollout(c, e, k, grad=False) for c, e in draws[:-1])
-            f_roll_g = fl.rollout(*draws[-1], k, grad=True)
-            c_g = draws[-1][0]
-            f_exits = sum(fl.kv(q) for q in range(c_g - k, c_g)) if batched else 0.0
-            f_scores = len(draws[:-1]) * 3 * fl.full(scored) + 2 * fl.full(scored)
-            per_step.append(f_roll + f_roll_g + f_exits + f_scores)
-            roll_f.append(f_roll + sum(fl.rollout(c, e, k, grad=False) for c, e in draws[-1:]))
+            step_flops = fl.stage3_step([(c, e) for c, e in r["draws"]], k, batched)
+            per_step.append(step_flops["total"])
+            roll_f.append(step_flops["rollouts"])
             roll_s.append(r["s"].get("rollout_nograd", 0.0) + r["s"].get("rollout_grad", 0.0))
         s = [r["s"] for r in steady_p]
         out["rollout_s_median"] = med(roll_s)
@@ -435,6 +448,31 @@ def summarize(name: str, stage: str, run_dir: Path, warm: int, steps: int, fl: F
     return out
 
 
+def stage3_flop_split(draws: str, blocks: int) -> dict[str, Any]:
+    """Stage 3's FLOPs of one step by part at the v10 preset's width and ``blocks`` blocks, and the
+    rollouts' share: what their share of the step's time is where they run as efficiently as the
+    updates (issue 33's rollout share, against this floor)."""
+    from gc25d_core.config import load_config
+    from gc25d_core.layout import Shapes
+    from gc25d_core.models.configs import FULL_CAUSAL
+    from gc25d_core.train.presets import with_stage
+
+    cfg = with_stage(load_config("v10"), "stage3_dmd", "v10")
+    sec = cfg.stage3_dmd
+    pairs = [tuple(int(x) for x in d.split("/")) for d in draws.split(",")]
+    if len(pairs) != sec.critic_steps + 1 or any(len(p) != 2 for p in pairs):
+        raise SystemExit(f"--flops: {sec.critic_steps} critic draws then the generator's, each CELLS/EXIT")
+    fl = Flops(dit_of(cfg, False, blocks), Shapes.of(cfg), sec.deploy, FULL_CAUSAL)
+    split = fl.stage3_step([(c, e) for c, e in pairs], sec.grad_horizon, sec.batch_exit_forwards)
+    return {
+        "probe": "stage3_flop_split",
+        "blocks": blocks,
+        "draws": pairs,
+        "tflop": {k: round(v / 1e12, 1) for k, v in split.items()},
+        "rollout_flop_share": split["rollouts"] / split["total"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     torchrun_bench_args(ap, root="/tmp/gc25d_stage_bench", nproc=1, steps=7, warm=2)
@@ -447,7 +485,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile-steps", type=int, default=PROFILED_STEPS, help="how many (default 2)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--exports-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--flops",
+        default=None,
+        metavar="C/E,...",
+        help="print stage 3's FLOP split of one step at --s3-blocks (v10 preset) for these draws "
+        "(cells/exit step of each critic update, then the generator's; e.g. 27/3,21/3,27/2,27/2,22/2,21/1) and exit",
+    )
     args = ap.parse_args(argv)
+    if args.flops is not None:
+        print_result(stage3_flop_split(args.flops, args.s3_blocks), None)
+        return
 
     from gc25d_core.config import write_resolved
     from gc25d_core.layout import Shapes
