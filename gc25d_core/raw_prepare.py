@@ -60,12 +60,21 @@ def validate_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[s
     }
 
 
-def prepare_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+def prepare_raw(
+    cfg: Gc25dConfig, log: Callable[[str], None] = print, workers: int | None = None
+) -> dict[str, Any]:
+    """The raw source: the code world generated (or finished) under ``raw.root`` by ``workers``
+    processes (default: the code world's own, at most 2), then validated; a recorded source is
+    validated only."""
     if cfg.raw.kind == "codeworld":
         from gc25d_core.codeworld import generate
 
         made = generate(
-            Path(cfg.raw.root), preset=cfg.raw.codeworld_preset, seed=cfg.raw.seed, geometry=cfg.geometry
+            Path(cfg.raw.root),
+            preset=cfg.raw.codeworld_preset,
+            seed=cfg.raw.seed,
+            geometry=cfg.geometry,
+            workers=workers,
         )
         validated = validate_raw(cfg, log)
         # one key per fact: the validated counts, what this call generated, the data's size

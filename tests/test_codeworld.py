@@ -341,3 +341,27 @@ def test_reader_rejects_bad_frame_json(one_run):
     (one_run.frame_dir(1) / "frame.json").write_text(json.dumps({**wrong, "frame": 7}))
     with pytest.raises(RawLayoutError, match="field frame=7, expected 1"):
         read_frame_json(one_run, 1)
+
+
+@pytest.mark.parametrize("workers", [None, 5])
+def test_prepare_raw_hands_its_workers_to_the_generator(tmp_path, monkeypatch, workers):
+    """``raw_prepare.prepare_raw(workers=N)`` generates on N processes (the small chain passes its
+    CPU ranks); without it the code world keeps its own default."""
+    import gc25d_core.codeworld as codeworld
+    from gc25d_core import raw_prepare
+    from gc25d_core.config import load_config
+
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_generate(root, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(codeworld, "generate", fake_generate)
+    cfg = load_config("tiny", {"raw": {"root": str(tmp_path / "raw")}})
+    with pytest.raises(Stop):
+        raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=workers)
+    assert seen["workers"] == workers and seen["preset"] == cfg.raw.codeworld_preset

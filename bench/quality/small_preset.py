@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     t_all = time.perf_counter()
 
     t0 = time.perf_counter()
-    raw_prepare.prepare_raw(cfg, log=lambda m: None)
+    # the code world's runs on as many processes as the CPU jobs (its own default is 2 at most)
+    raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=min(args.cpu_ranks, os.cpu_count() or 1))
     phase("raw_source", t0)
     t0 = time.perf_counter()
     phase("clips_index", t0, **clip_index.build_and_write(Path(cfg.raw.root), cfg))
