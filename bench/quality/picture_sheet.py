@@ -12,11 +12,18 @@ was given. Without ``--export``: the picture is the tiny VAE's reconstruction of
 ceiling any model decoded by that VAE can show. The ids probe's scores of the picture are printed
 as JSON and written beside the PNG (``.json``).
 
+``--frames-out NPZ`` keeps the frames (truth, picture, ids) and stops before the probe; ``--frames-in
+NPZ`` scores such a file: the GPU machine plays the `small` student (bench/quality/small_chain.py)
+and the probe, fitted on the same code world (``--preset small``, deterministic from its seed),
+reads its frames on any machine.
+
 Usage:
   python -m bench.quality.picture_sheet --raw /tmp/picture/raw --work /tmp/picture/study \
       --out docs/images/picture_tiny_ceiling.png [--fit-steps 160]
   python -m bench.quality.picture_sheet --raw RAW --work WORK --export outputs/tiny/.../export.safetensors \
       --data-root data/tiny/gc25d --out docs/images/play_tiny.png
+  python -m bench.quality.picture_sheet --preset small --raw /tmp/smallworld/raw --work /tmp/smallworld/gc25d \
+      --frames-in stage3_dmd_ema.npz --out docs/images/play_small_stage3.png
 """
 
 from __future__ import annotations
@@ -59,19 +66,26 @@ def session_frames(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np
 
     cfg = load_config(args.preset, {"paths": {"data_root": str(args.data_root)}})
     session = open_session(
-        args.export, cfg, world=WorldConfig(renderer="numpy"), options=RuntimeOptions(seed=0), device="cpu"
+        args.export,
+        cfg,
+        world=WorldConfig(renderer="numpy"),
+        options=RuntimeOptions(seed=0, decoder="vae"),
+        device=args.device,
     )
-    frames = list(session.start())
+    # the session hands out decoded video in chunks ([T, H, W, 3]: the anchor, then 4 frames a cell)
+    chunks = list(session.start())
     truth, ids, at = [], [], []
-    for cells, block in SCRIPT:
+    for cells, block in SCRIPT * args.repeat:
         for _ in range(cells):
             out = session.step(np.asarray(block, np.uint8))
-            frames.extend(out.out.frames)
+            chunks.extend(out.out.frames)
             state = session.world.last_state
             assert state is not None
             truth.append(session.world.render_rgb(state))
             ids.append(np.asarray(out.ids)[-1])
             at.append(4 * out.cell)  # the cell's last frame in the decoded video
+    chunks.extend(session.runtime.flush())
+    frames = [f for c in chunks for f in (c if c.ndim == 4 else c[None])]
     keep = [i for i, f in enumerate(at) if f < len(frames)]  # a decode still pending is left out
     pics = np.stack([frames[at[i]] for i in keep])
     return np.stack([truth[i] for i in keep]), pics, np.stack([ids[i] for i in keep])
@@ -90,13 +104,57 @@ def ceiling_frames(args: argparse.Namespace, cfg: Any) -> tuple[np.ndarray, np.n
     return np.concatenate(truth), np.concatenate(recon(vae, truth)), np.concatenate(ids)
 
 
+FRAMES = ("truth", "picture", "ids")
+
+
+def check_frames(
+    where: Path | str, truth: np.ndarray, picture: np.ndarray, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint8 frames [N, H, W, 3] twice and ids [N, H, W] of one size, else a ValueError naming
+    ``where`` and the array."""
+    n = len(ids)
+    for name, a, ndim in (("truth", truth, 4), ("picture", picture, 4), ("ids", ids, 3)):
+        if a.dtype != np.uint8 or a.ndim != ndim or len(a) != n or a.shape[1:3] != ids.shape[1:3]:
+            raise ValueError(
+                f"{where}: {name} is {a.dtype} {a.shape}, expected uint8 with the ids' {ids.shape}"
+            )
+    return truth, picture, ids
+
+
+def write_frames(path: Path, truth: np.ndarray, picture: np.ndarray, ids: np.ndarray) -> None:
+    """The frames a sheet is made of, checked, compressed, written atomically."""
+    import io
+
+    from gc25d_core.atomic import atomic_write_bytes
+
+    check_frames(path, truth, picture, ids)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, truth=truth, picture=picture, ids=ids)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_frames(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``write_frames``' arrays, checked: uint8 frames [N, H, W, 3] twice and ids [N, H, W] (no
+    pickled objects are loaded)."""
+    with np.load(path, allow_pickle=False) as z:
+        missing = [k for k in FRAMES if k not in z.files]
+        if missing:
+            raise ValueError(f"{path}: no {missing} arrays (a picture_sheet --frames-out file has {FRAMES})")
+        truth, picture, ids = (z[k] for k in FRAMES)
+    return check_frames(path, truth, picture, ids)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--raw", type=Path, required=True, help="the code world's tiny preset (the probe's data)")
+    ap.add_argument("--raw", type=Path, required=True, help="the preset's code world (the probe's data)")
     ap.add_argument("--work", type=Path, required=True, help="where the probe's fit is kept")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=None, help="the sheet's PNG (its scores beside it, .json)")
     ap.add_argument("--export", type=Path, default=None)
-    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--preset", default="tiny", help="a preset name or a run's config.yaml")
+    ap.add_argument("--device", default="cpu", help="where the session plays (--export)")
+    ap.add_argument("--repeat", type=int, default=1, help="times the scripted walk is played in turn")
+    ap.add_argument("--frames-out", type=Path, default=None, help="keep the frames here (.npz) and stop")
+    ap.add_argument("--frames-in", type=Path, default=None, help="score these frames (.npz) instead")
     ap.add_argument("--data-root", type=Path, default=None)
     ap.add_argument("--vae", type=Path, default=None)
     ap.add_argument("--sha256", default=None)
@@ -104,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--scale", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.out is None and args.frames_out is None:
+        ap.error("--out (the sheet) or --frames-out (the frames only) is needed")
 
     import torch
 
@@ -113,9 +173,18 @@ def main(argv: list[str] | None = None) -> None:
     from gc25d_core.preview import png_bytes
 
     torch.set_num_threads(2)
-    cfg = load_config("tiny", {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
+    cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
+    if args.frames_in is not None:
+        truth, picture, ids = read_frames(args.frames_in)
+    elif args.export is not None:
+        truth, picture, ids = session_frames(args)
+    else:
+        truth, picture, ids = ceiling_frames(args, cfg)
+    if args.frames_out is not None:
+        write_frames(args.frames_out, truth, picture, ids)
+        print(json.dumps({"frames": str(args.frames_out), "count": len(ids)}))
+        return
     probe, _ = ensure_probe(cfg)
-    truth, picture, ids = session_frames(args) if args.export is not None else ceiling_frames(args, cfg)
     read = probe.predict(picture)
     scores = {k: v for k, v in scores_from_ids(read, ids).items() if k != "per_class"}
     scores["truth"] = {

@@ -51,6 +51,8 @@ SMOKE_STAGE: dict[str, Any] = {
 SMOKE_STAGE3: dict[str, Any] = {"critic_steps": 1, "max_cells": 22}
 # the eval: the dataset sweeps as the asset runs them and the ten-minute live session (issue 35)
 EVAL: dict[str, Any] = {"live_sweeps": ["live2400"]}
+# the picture's scripted walk (16 cells) played this many times in turn: 64 cells, 16 s
+PICTURE_REPEAT = 4
 SMOKE_EVAL: dict[str, Any] = {
     "live_sweeps": ["live240"],
     "live_cells": 8,
@@ -237,6 +239,34 @@ def main(argv: list[str] | None = None) -> None:
     phase("eval", t0, run_dir=str(eval_run))
     for report in sorted(eval_run.glob("*.md")):
         print(report.read_text(), flush=True)
+    keep_pictures(args.root, cfg, deploy_run / "config.yaml", [e for e in exports if e.stage != "sft"])
+
+
+def keep_pictures(root: Path, cfg: Any, preset: Path, exports: list[Any]) -> None:
+    """What a player of each causal export sees (issue 35's picture): the scripted walk of
+    bench.quality.picture_sheet played through the deploy session, its frames kept beside the truth
+    and the ids in ``<root>/pictures/<label>.npz`` for the ids probe to read on any machine
+    (picture_sheet ``--frames-in``; the probe's fit on this code world is CPU minutes)."""
+    import torch
+
+    from bench.quality import picture_sheet
+
+    for e in exports:
+        t0 = time.perf_counter()
+        picture_sheet.main(
+            ["--raw", str(cfg.raw.root), "--work", str(cfg.paths.data_root), "--preset", str(preset)]
+            + [
+                "--export",
+                str(e.path),
+                "--data-root",
+                str(cfg.paths.data_root),
+                "--repeat",
+                str(PICTURE_REPEAT),
+            ]
+            + ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
+            + ["--frames-out", str(root / "pictures" / f"{e.label}.npz")]
+        )
+        phase("picture", t0, label=e.label)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""bench.quality.picture_sheet's frames file: what the GPU machine keeps of a played session and
+the probe reads elsewhere (issue 35's picture on the `small` preset)."""
+
+import numpy as np
+import pytest
+
+from bench.quality.picture_sheet import read_frames, write_frames
+
+
+def _frames(n: int = 3, h: int = 8, w: int = 16):
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+    picture = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+    ids = rng.integers(0, 30, (n, h, w), dtype=np.uint8)
+    return truth, picture, ids
+
+
+def test_frames_round_trip(tmp_path):
+    path = tmp_path / "s.npz"
+    arrays = _frames()
+    write_frames(path, *arrays)
+    for a, b in zip(read_frames(path), arrays, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_a_frames_file_without_an_array_or_with_other_shapes_is_refused(tmp_path):
+    truth, picture, ids = _frames()
+    path = tmp_path / "missing.npz"
+    np.savez_compressed(path, truth=truth, picture=picture)
+    with pytest.raises(ValueError, match=r"missing.npz: no \['ids'\] arrays"):
+        read_frames(path)
+    path = tmp_path / "float.npz"
+    np.savez_compressed(path, truth=truth, picture=picture.astype(np.float32), ids=ids)
+    with pytest.raises(ValueError, match="float.npz: picture is float32"):
+        read_frames(path)
+    path = tmp_path / "short.npz"
+    np.savez_compressed(path, truth=truth[:2], picture=picture, ids=ids)
+    with pytest.raises(ValueError, match="short.npz: truth is uint8 \\(2,"):
+        read_frames(path)
+
+
+def test_a_pickled_frames_file_is_not_loaded(tmp_path):
+    path = tmp_path / "obj.npz"
+    truth, picture, ids = _frames()
+    np.savez(path, truth=np.array([object()], dtype=object), picture=picture, ids=ids)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        read_frames(path)
+
+
+def test_frames_of_another_shape_are_not_written(tmp_path):
+    truth, picture, ids = _frames()
+    chunks = np.repeat(picture[:, None], 4, axis=1)  # [N, 4, H, W, 3]: a cell's chunk, not its frame
+    with pytest.raises(ValueError, match="picture is uint8 \\(3, 4,"):
+        write_frames(tmp_path / "s.npz", truth, chunks, ids)
+    assert not (tmp_path / "s.npz").exists()
