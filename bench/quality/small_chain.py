@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             raise SystemExit(f"--eval-labels: {unknown} are not among {[e.label for e in exports]}")
         exports = [e for e in exports if e.label in wanted]
+    # the pictures first: a minute on the GPU, and what a device call that ends in the eval keeps
+    keep_pictures(args.root, cfg, deploy_run / "config.yaml", [e for e in exports if e.stage != "sft"])
     eval_run = runs_root / "eval" / snapshot
     eval_run.mkdir(parents=True, exist_ok=True)
     chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)
@@ -239,7 +241,6 @@ def main(argv: list[str] | None = None) -> None:
     phase("eval", t0, run_dir=str(eval_run))
     for report in sorted(eval_run.glob("*.md")):
         print(report.read_text(), flush=True)
-    keep_pictures(args.root, cfg, deploy_run / "config.yaml", [e for e in exports if e.stage != "sft"])
 
 
 def keep_pictures(root: Path, cfg: Any, preset: Path, exports: list[Any]) -> None:
