@@ -288,31 +288,25 @@ class Flops:
         seen = int(visible(q_cell, torch.arange(q_cell), self.deploy).sum()) if q_cell else 0
         return self.fwd(self.tpc, self.tpc**2 * (seen + 1))
 
-    def rollout(self, cells: int, exit_step: int, horizon: int, grad: bool) -> float:
-        """Forward FLOPs of a rollout (prefill, exit_step + 1 denoise forwards + a commit per cell),
-        plus the backward (2x) of the exit forwards of the last ``horizon`` cells when ``grad``."""
-        f = self.kv(0)
-        for q in range(1, cells):
-            f += (exit_step + 2) * self.kv(q)
-            if grad and q >= cells - horizon:
-                f += 2 * self.kv(q)
-        return f
+    def rollout(self, cells: int, exit_step: int) -> float:
+        """Forward FLOPs of a rollout (prefill, exit_step + 1 denoise forwards + a commit per cell)."""
+        return self.kv(0) + sum((exit_step + 2) * self.kv(q) for q in range(1, cells))
 
     def stage3_step(
         self, draws: list[tuple[int, int]], horizon: int, batched_exits: bool
     ) -> dict[str, float]:
         """One DMD step's FLOPs by part, from its draws (the critic updates' (cells, exit step), then
         the generator's): the no-grad rollouts, the critic updates (forward + backward over the
-        scored clip), the generator's exits (backward; with ``batched_exits`` also the training
-        module's forward over the K cells, which the replica ran too) and its two scores."""
+        scored clip), the generator's exits (the backward of its last ``horizon`` cells' exit
+        forwards; with ``batched_exits`` also the training module's forward over those cells, which
+        the replica ran too) and its two scores."""
         scored = self.full(1 + horizon)
-        crit, (c_g, e_g) = draws[:-1], draws[-1]
+        c_g = draws[-1][0]
+        exits = sum(self.kv(q) for q in range(max(1, c_g - horizon), c_g))
         parts = {
-            "rollouts": sum(self.rollout(c, e, horizon, grad=False) for c, e in draws),
-            "critic_updates": len(crit) * 3 * scored,
-            "generator_exits": self.rollout(c_g, e_g, horizon, grad=True)
-            - self.rollout(c_g, e_g, horizon, grad=False)
-            + (sum(self.kv(q) for q in range(c_g - horizon, c_g)) if batched_exits else 0.0),
+            "rollouts": sum(self.rollout(c, e) for c, e in draws),
+            "critic_updates": (len(draws) - 1) * 3 * scored,
+            "generator_exits": (3 if batched_exits else 2) * exits,
             "generator_scores": 2 * scored,
         }
         return {**parts, "total": sum(parts.values())}
