@@ -134,14 +134,16 @@ def _fast_rollout_batched_exits(
 
     args = (anchor, banks, index, ids)
     x = _rollout(streamer, start, runner.cell_text, *args, exit_step=exit_step, grad=False, seed=seed)
-    # the scored cells' prompts as one bank (each cell's P prompts in turn) and an index [B, K]
     tail = exits.cells
+    x0 = exits.forward(slow, _exit_text(banks, index, tail), ids[:, cells_frame_slice(tail)], checkpoint=True)
+    return torch.cat([x[:, :, : tail[0] - 1], x0.float()], dim=2), exits
+
+
+def _exit_text(banks, index, tail: range) -> TextContext:
+    """The scored cells' prompts as one bank (each cell's P prompts in turn) and an index [B, K]."""
     bank = torch.cat([banks[c] for c in tail], dim=1)
     per_cell = banks[tail[0]].shape[1]
-    text = TextContext.build(bank, torch.cat([index + i * per_cell for i in range(len(tail))], dim=1))
-    frames = ids[:, cells_frame_slice(tail)]
-    x0 = exits.forward(slow, text, frames, checkpoint=True)
-    return torch.cat([x[:, :, : tail[0] - 1], x0.float()], dim=2), exits
+    return TextContext.build(bank, torch.cat([index + i * per_cell for i in range(len(tail))], dim=1))
 
 
 @pytest.mark.parametrize("exit_step", [2, 0])
@@ -319,11 +321,10 @@ def _bf16_rollout_equality(kind: str, device: str, graph_modes: tuple[bool, ...]
     no-grad and with the grad exit forwards on the training forward.
 
     The exit forwards batched into one forward (``ExitCapture``, stage 3's default) give the same
-    clip; their gradients sum the K cells' weight gradients inside one matrix product where the
-    per-cell forwards sum K rounded products (in bf16 for FSDP's bf16 weights), so both are read
-    against the exact gradient of the same exits (an fp32 copy of the weights, no autocast, on the
-    captured latents and snapshots): the batched one must be no further from it than the per-cell
-    one (× 1.25, + 1e-3 of the largest gradient). The errors are printed."""
+    clip; their gradients come from other kernel shapes than the per-cell forwards', so both are
+    read against the exact gradient of the same exits (an fp32 copy of the weights, no autocast, on
+    the captured latents and snapshots): the batched one must be no further from it than the
+    per-cell one (× 1.25, + 1e-3 of the largest gradient). The errors are printed."""
     dev = torch.device(device)
     master = make_model(seed=4).to(dev).train()
     master.check_sem_ids = False  # as train.model.build_model leaves a trained model
@@ -378,9 +379,7 @@ def _bf16_rollout_equality(kind: str, device: str, graph_modes: tuple[bool, ...]
         assert torch.equal(xb, x_ref), _rel(xb, x_ref)
         # the exact gradient of the same exits
         tail = exits.cells
-        bank = torch.cat([args[1][c] for c in tail], dim=1)
-        per_cell = args[1][tail[0]].shape[1]
-        text = TextContext.build(bank, torch.cat([args[2] + i * per_cell for i in range(len(tail))], dim=1))
+        text = _exit_text(args[1], args[2], tail)
         x0 = exits.forward(exact_forward, text, args[3][:, cells_frame_slice(tail)], checkpoint=True)
         g_exact = torch.autograd.grad((x0 * weight[:, :, tail[0] - 1 :]).sum(), exact_params)  # x: cells 1..
         per_cell_err, batched_err = (_grad_err(grads, g_exact) for grads in (g, gb))
