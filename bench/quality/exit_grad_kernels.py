@@ -25,7 +25,7 @@ from bench.common import print_result
 TEST = "tests/models/test_fast_rollout.py::test_cuda_rollout_equals_the_module_rollout"
 
 
-@contextlib.contextmanager
+@contextlib.contextmanager  # torch has no context manager for the matmul flag (cuDNN's: cudnn.flags)
 def _set(getter: Callable[[], bool], setter: Callable[[bool], None], value: bool) -> Iterator[None]:
     old = getter()
     setter(value)
@@ -47,9 +47,7 @@ def settings() -> dict[str, Callable[[], contextlib.AbstractContextManager[None]
     cuda = torch.backends.cuda
     return {
         "default": contextlib.nullcontext,
-        "no_cudnn": lambda: _set(
-            lambda: torch.backends.cudnn.enabled, lambda v: setattr(torch.backends.cudnn, "enabled", v), False
-        ),
+        "no_cudnn": lambda: torch.backends.cudnn.flags(enabled=False),
         "no_bf16_reduced_reduction": lambda: _set(
             lambda: cuda.matmul.allow_bf16_reduced_precision_reduction,
             lambda v: setattr(cuda.matmul, "allow_bf16_reduced_precision_reduction", v),
