@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gc25d_core.models.causal import (
     RopeTable,
@@ -528,6 +529,10 @@ class CellViews:
         return KVCellsAttention(self, rope, num_heads)
 
 
+# every SDPA kernel but cuDNN's, in torch's own order of preference (see KVCellsAttention)
+_EXACT_GRAD_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 class KVCellsAttention:
     """The plan of a ``CellViews`` forward: the tokens are the cells' in cell order; cell i's group
     attends as cell i's own KV forward would (``attend_view`` over its snapshot's layer). It reads
@@ -554,10 +559,18 @@ class KVCellsAttention:
     @torch.compiler.disable
     def __call__(self, layer: int, q, k, v) -> torch.Tensor:
         n, out = self.views.tokens_per_cell, []
-        for i, (snap, (q_freqs, kv_freqs)) in enumerate(zip(self.views.snapshots, self.freqs(), strict=True)):
-            rows = slice(i * n, (i + 1) * n)
-            view = KVLayerView(q_freqs, kv_freqs, snap.k[layer], snap.v[layer])
-            out.append(attend_view(view, q[:, rows], k[:, rows], v[:, rows], self.num_heads))
+        # cuDNN's attention is left out here: fed the cells' row slices (and, in backward, the
+        # slices of the concatenated output's gradient) it returns gradients several times further
+        # from the exact ones than the same cells' own KV forwards get, on an H200; flash,
+        # memory-efficient and math all match them (bench/quality/exit_grad_kernels.py, issue 33).
+        # The context sits in the call so a recomputation in backward runs under it too.
+        with sdpa_kernel(_EXACT_GRAD_SDPA):
+            for i, (snap, (q_freqs, kv_freqs)) in enumerate(
+                zip(self.views.snapshots, self.freqs(), strict=True)
+            ):
+                rows = slice(i * n, (i + 1) * n)
+                view = KVLayerView(q_freqs, kv_freqs, snap.k[layer], snap.v[layer])
+                out.append(attend_view(view, q[:, rows], k[:, rows], v[:, rows], self.num_heads))
         return torch.cat(out, dim=1)
 
 
