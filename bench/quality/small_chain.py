@@ -209,9 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     preset = (runs_root / "fast_decoder" / "default" if fitted else deploy_run) / "config.yaml"
     for against in lever_checks(args.levers, args.smoke, fitted):
         t0 = time.perf_counter()
-        # the reference decodes with the VAE (the CLI's auto may pick the fast decoder on CUDA)
+        # the reference decodes with the VAE in bf16 (the CLI's auto may pick the fast decoder or
+        # FP8 on CUDA); the flags of the path against it come after and win
         argv = ["--preset", str(preset), "--export", str(deploy_run / "deploy.safetensors")]
-        argv += ["--decoder", "vae", f"--against={against}"]
+        argv += ["--decoder", "vae", "--no-fp8", f"--against={against}"]
         lever_error.main([*argv, "--cells", str(8 if args.smoke else LEVER_CELLS)])
         phase("lever_error", t0, against=against)
     if stop < PHASES.index("eval"):

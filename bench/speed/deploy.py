@@ -93,6 +93,7 @@ LEVERS = (
     "graphs_fastdec",
     "graphs_all_cstream_compile_fastdec",
     "graphs_all_cstream_compile_fp8",
+    "graphs_all_cstream_compile_fastdec_fp8",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -185,6 +186,12 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             "commit_stream": True,
             **compiled,
         },
+    }
+    # the CLI's default on an H200 at the 5B's width with torchao and a fast decoder that earned
+    # the default (--decoder auto, --fp8 auto): both levers together
+    options["graphs_all_cstream_compile_fastdec_fp8"] = {
+        **options["graphs_all_cstream_compile_fastdec"],
+        "fp8": True,
     }
     return options[name]
 

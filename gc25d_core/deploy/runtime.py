@@ -88,7 +88,12 @@ class RuntimeOptions(Strict):
         "auto (open_session resolves it): fast on CUDA where its record earns the default "
         "(models.fast_decoder.default_worthy), else vae",
     )
-    fp8: bool = Field(default=False, description="FP8 GEMMs for the DiT blocks' linear layers (models.fp8)")
+    fp8: bool | Literal["auto"] = Field(
+        default=False,
+        description="FP8 GEMMs for the DiT blocks' linear layers (models.fp8); auto (the CLI's default "
+        "on CUDA): on where the GPU and torchao allow it and the DiT is as wide as where it measured "
+        "faster (models.fp8.auto_fp8)",
+    )
     fp8_skip: tuple[str, ...] = Field(
         default=(), description="fnmatch patterns of linear layers kept in bf16 with fp8 (per-layer opt-out)"
     )
@@ -227,6 +232,12 @@ class DeployRuntime:
         if opts.fused_rmsnorm:
             model.use_fused_rmsnorm(True)
         self.fp8_layers: list[str] = []
+        self.fp8_choice = "fp8 on (asked for)" if opts.fp8 is True else "fp8 off"
+        if opts.fp8 == "auto":
+            from gc25d_core.models.fp8 import auto_fp8
+
+            on, self.fp8_choice = auto_fp8(int(model.dim), self.device)
+            self.options = opts = opts.model_copy(update={"fp8": on})
         if opts.fp8:  # before the graphs are captured (warm_up): they replay the FP8 kernels
             from gc25d_core.models.fp8 import apply_fp8
 

@@ -50,8 +50,15 @@ def fp8_layer_names(model: torch.nn.Module, skip: Sequence[str] = ()) -> list[st
     return out
 
 
-def check_fp8(device: torch.device | str) -> None:
-    """Raise ``Fp8Unavailable`` naming every reason FP8 GEMMs cannot run on ``device``."""
+# The DiT width from which FP8 is the deploy default on CUDA (``RuntimeOptions.fp8 = "auto"``, the
+# CLI's default): the width where the whole loop measured it faster than bf16 within its error
+# bound (the 5B's 3072), not the `small` preset's 1024, where quantising each activation row costs
+# what the FP8 GEMMs save (docs/decisions.md, docs/benchmarks.md).
+AUTO_MIN_DIM = 3072
+
+
+def fp8_problems(device: torch.device | str) -> list[str]:
+    """Every reason FP8 GEMMs cannot run on ``device`` (empty where they can)."""
     dev = torch.device(device)
     problems = []
     if dev.type != "cuda":
@@ -61,8 +68,27 @@ def check_fp8(device: torch.device | str) -> None:
         problems.append(f"compute capability 8.9+ (Ada / Hopper; {dev} has {cap[0]}.{cap[1]})")
     if importlib.util.find_spec("torchao") is None:
         problems.append("the optional torchao package (pip install 'gc25d[fp8]': torchao==0.18.0)")
+    return problems
+
+
+def check_fp8(device: torch.device | str) -> None:
+    """Raise ``Fp8Unavailable`` naming every reason FP8 GEMMs cannot run on ``device``."""
+    problems = fp8_problems(device)
     if problems:
         raise Fp8Unavailable("fp8 needs " + " and ".join(problems))
+
+
+def auto_fp8(dim: int, device: torch.device | str) -> tuple[bool, str]:
+    """``auto``'s choice for a DiT of width ``dim`` on ``device``, and why (a line for the log)."""
+    problems = fp8_problems(device)
+    if problems:
+        return False, "fp8 off: it needs " + " and ".join(problems)
+    if dim < AUTO_MIN_DIM:
+        return (
+            False,
+            f"fp8 off: dim {dim} < {AUTO_MIN_DIM}, where it measured no faster than bf16 (--fp8 forces it)",
+        )
+    return True, f"fp8 on: dim {dim} >= {AUTO_MIN_DIM} on {torch.device(device)} (--no-fp8 turns it off)"
 
 
 def apply_fp8(model: torch.nn.Module, skip: Sequence[str] = ()) -> list[str]:

@@ -116,6 +116,13 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
     assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
     assert not exact.decode_graph and not exact.defer_commit and not exact.commit_stream
     assert opts(cuda=False) == exact  # a CPU runs the exact path
+    assert fast.fp8 == "auto" and exact.fp8 is False  # the runtime decides by the GPU and the width
+    assert opts("--no-fp8", cuda=True).fp8 is False and opts("--fp8", cuda=False).fp8 is True
+    assert opts("--fp8-skip", "blocks.0.*", cuda=True).fp8_skip == ("blocks.0.*",)
+    with pytest.raises(ValueError, match="--fp8-skip needs FP8"):
+        opts("--no-fp8", "--fp8-skip", "blocks.0.*", cuda=True)
+    with pytest.raises(ValueError, match="--exact contradicts --fp8"):
+        opts("--exact", "--fp8", cuda=True)
     stream = opts("--decode-stream", cuda=True)
     assert stream.decode_stream and not stream.decode_graph  # the pair is not measured
     assert stream.defer_commit and not stream.commit_stream  # nor the two side streams together

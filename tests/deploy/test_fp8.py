@@ -11,7 +11,8 @@ import torch
 
 from gc25d_core.deploy.cli import main
 from gc25d_core.deploy.runtime import RuntimeOptions
-from gc25d_core.models.fp8 import Fp8Unavailable, check_fp8, fp8_layer_names
+from gc25d_core.models import fp8
+from gc25d_core.models.fp8 import AUTO_MIN_DIM, Fp8Unavailable, auto_fp8, check_fp8, fp8_layer_names
 from tests.models.tiny import make_model
 
 
@@ -52,7 +53,27 @@ def test_the_cli_reports_fp8_on_a_cpu_as_an_error(tiny_export, deploy_cfg, tmp_p
     assert main([*argv, "--device", "cpu", "--fp8"]) == 2
     assert "error: fp8 needs a CUDA device" in capsys.readouterr().err
     assert main([*argv, "--device", "cpu", "--fp8-skip", "blocks.0.*"]) == 2
-    assert "--fp8-skip needs --fp8" in capsys.readouterr().err
+    assert "--fp8-skip needs FP8 (--fp8, or the default on CUDA)" in capsys.readouterr().err
+
+
+def test_auto_takes_fp8_where_it_can_run_and_the_dit_is_wide_enough(monkeypatch):
+    on, why = auto_fp8(3072, "cpu")  # the 5B's width, but no FP8 tensor cores
+    assert not on and "fp8 off: it needs a CUDA device" in why
+    monkeypatch.setattr(fp8, "fp8_problems", lambda device: [])  # as on an H200 with torchao
+    assert AUTO_MIN_DIM == 3072
+    on, why = auto_fp8(AUTO_MIN_DIM, "cpu")
+    assert on and why.startswith("fp8 on: dim 3072 >= 3072")
+    on, why = auto_fp8(1024, "cpu")  # the small preset's DiT: measured no faster
+    assert not on and "dim 1024 < 3072" in why
+
+
+def test_a_cpu_session_on_auto_runs_bf16_and_says_why(tiny_export, deploy_cfg):
+    from gc25d_core.deploy.session import open_session
+
+    session = open_session(tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(fp8="auto"))
+    rt = session.runtime
+    assert rt.options.fp8 is False and rt.fp8_layers == []
+    assert rt.fp8_choice.startswith("fp8 off: it needs a CUDA device")
 
 
 @pytest.mark.gpu
