@@ -29,12 +29,15 @@ cp $LOG "$OUT/" 2>/dev/null
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
 if [ -e $RC ] || [ "${COLLECT:-0}" = 1 ]; then  # COLLECT=1: the reports so far, the chain running or not
   [ -e $RC ] && echo "=== chain finished: rc $(cat $RC)" || echo "=== chain running ($(date -u +%T)); reports so far"
-  # the reports, and the pictures' frames (keep_pictures) with the tiny VAE for the probe elsewhere
-  (cd /tmp/small && find . \( \( -name '*.md' -o -name '*.png' -o -name '*.json' \) -size -2M \
-    \( -path './runs/*' -o -path './gc25d/models/*' \) -o -path './pictures/*.npz' \) -print0 \
+  # the reports in one archive; the pictures' frames (keep_pictures, ≈ 9 MB each: generated
+  # frames hardly compress) and the tiny VAE, for the probe elsewhere, as files of their own, since
+  # the device tool brings back no file over 16 MiB
+  (cd /tmp/small && find . \( -name '*.md' -o -name '*.png' -o -name '*.json' \) -size -2M \
+    \( -path './runs/*' -o -path './gc25d/models/*' \) -print0 \
     | tar -czf "$OUT/small_reports.tgz" --null -T -) 2>/dev/null
-  cp /tmp/small/gc25d/models/tiny_vae.safetensors "$OUT/" 2>/dev/null
+  cp /tmp/small/gc25d/models/tiny_vae.safetensors /tmp/small/pictures/*.npz "$OUT/" 2>/dev/null
   ls -la "$OUT"
+  find "$OUT" -type f -size +16M -exec echo "=== too large to come back: {}" \;
 else
   echo "=== chain running ($(date -u +%T))"
 fi
