@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.quality.small_chain import lever_checks
@@ -20,3 +22,35 @@ def test_without_this_runs_fit_the_default_checks_leave_the_fast_decoder_out():
     assert lever_checks(None, smoke=False, fitted=False) == ["--fp8"]
     assert lever_checks(None, smoke=True, fitted=False) == []
     assert lever_checks("fast", smoke=False, fitted=False) == ["--decoder fast"]  # asked: it runs
+
+
+def test_a_given_vae_is_checked_copied_under_the_data_root_and_named_by_the_config(tmp_path):
+    from bench.quality.small_preset import GIVEN_VAE, place_given_vae, small_config
+    from gc25d_core.hashing import sha256_file
+
+    src = tmp_path / "fit.safetensors"
+    src.write_bytes(b"weights")
+    sha = sha256_file(src)
+    cfg, _ = small_config(tmp_path / "root", vae_sha256=sha)
+    dst = tmp_path / "root" / "gc25d" / "models" / GIVEN_VAE
+    assert cfg.vae.path is not None and Path(cfg.vae.path) == dst and cfg.vae.sha256 == sha
+    with pytest.raises(
+        SystemExit, match=r"--vae .*fit.safetensors: sha256 [0-9a-f]{64} is not --vae-sha256 0{64}"
+    ):
+        place_given_vae(src, "0" * 64, dst)
+    assert not dst.exists()
+    with pytest.raises(SystemExit, match="no such file"):
+        place_given_vae(tmp_path / "missing.safetensors", sha, dst)
+    place_given_vae(src, sha, dst)
+    assert dst.read_bytes() == b"weights" and dst.stat().st_mode & 0o044 == 0o044  # the group reads it
+    src.unlink()  # a copy with the digest stays: a rerun needs no source
+    place_given_vae(src, sha, dst)
+    assert small_config(tmp_path / "root")[0].vae.path is None  # without --vae: the fit
+
+
+def test_vae_and_its_digest_go_together(capsys):
+    from bench.quality import small_preset
+
+    with pytest.raises(SystemExit):
+        small_preset.main(["--root", "/nonexistent", "--vae", "x.safetensors"])
+    assert "--vae and --vae-sha256 go together" in capsys.readouterr().err

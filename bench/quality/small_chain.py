@@ -15,6 +15,9 @@ Usage (GPU machine; one call per line, back to back on one warm machine):
     python -m bench.quality.small_chain --root /tmp/small --through fast_decoder   # deploy, fast decoder, levers' error
     python -m bench.quality.small_chain --root /tmp/small --through eval      # live2400 + the dataset sweeps
 Smoke (here, CPU): python -m bench.quality.small_chain --root /tmp/small_smoke --smoke
+With a tiny VAE an earlier chain fitted (small_chain_gpu.sh brings it back): ``--vae FILE
+--vae-sha256 HEX`` in place of the fit (≈ 200 s less on the GPU; the code world is seeded, so its
+frames are the ones that VAE was fitted to).
 Across device calls without a restart: bench/quality/small_chain_gpu.sh runs it in the background on
 the warm machine and follows it (each call the same command, within the machine's idle window).
 """
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="comma-separated export labels to evaluate (e.g. sft,stage2_cd_ema,stage3_dmd_ema; default: all)",
     )
+    small_preset.add_vae_options(ap)
     ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
@@ -147,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     data_argv = ["--root", str(args.root), "--cpu-ranks", str(args.cpu_ranks)]
     data_argv += ["--smoke"] if args.smoke else []
     data_argv += [] if args.sft_steps is None else ["--sft-steps", str(args.sft_steps)]
+    data_argv += [] if args.vae is None else ["--vae", str(args.vae)]
+    data_argv += [] if args.vae_sha256 is None else ["--vae-sha256", args.vae_sha256]
     cfg, sft_run, version = small_preset.main(data_argv)
     stop = PHASES.index(args.through)
     if stop == 0:

@@ -45,9 +45,15 @@ def launch(module: str, cfg: Any, run_dir: Path, nproc: int, extra: list[str] | 
         raise SystemExit(f"{module} failed (rc {rc}); log {log}")
 
 
-def small_config(root: Path, smoke: bool = False, sft_steps: int | None = None) -> tuple[Any, dict[str, Any]]:
+GIVEN_VAE = "given_tiny_vae.safetensors"  # under <data_root>/models: --vae's copy
+
+
+def small_config(
+    root: Path, smoke: bool = False, sft_steps: int | None = None, vae_sha256: str | None = None
+) -> tuple[Any, dict[str, Any]]:
     """The `small` preset's run config with its data and runs under ``root``, and the SFT section's
-    overrides (``smoke``: the tiny world and a 2-layer model on CPU, for the plumbing)."""
+    overrides (``smoke``: the tiny world and a 2-layer model on CPU, for the plumbing;
+    ``vae_sha256``: the tiny VAE is ``--vae``'s copy under the data root, checked against it)."""
     from gc25d_core.config import load_config
 
     root = root.resolve()
@@ -56,6 +62,8 @@ def small_config(root: Path, smoke: bool = False, sft_steps: int | None = None) 
         "raw": {"root": str(root / "raw")},
         "cache": {"store": str(root / "cache")},
     }
+    if vae_sha256 is not None:
+        over["vae"] = {"path": str(root / "gc25d" / "models" / GIVEN_VAE), "sha256": vae_sha256}
     sft: dict[str, Any] = {}
     if smoke:
         over |= {"device": "cpu", "distributed": {"nproc_per_node": 1, "backend": "gloo"}}
@@ -64,6 +72,7 @@ def small_config(root: Path, smoke: bool = False, sft_steps: int | None = None) 
         over["geometry"] = {"src_width": 200, "src_height": 96, "crop_x0": 6, "crop_x1": 194}
         over["geometry"] |= {"dst_width": 128, "dst_height": 64}
         over["vae"] = {
+            **over.get("vae", {}),
             "fit": {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5},
             "num_workers": 0,
         }
@@ -80,14 +89,44 @@ def small_config(root: Path, smoke: bool = False, sft_steps: int | None = None) 
     return load_config("small", over), sft
 
 
+def add_vae_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--vae",
+        type=Path,
+        default=None,
+        help="a tiny VAE fitted to this preset's frames before (e.g. one an earlier chain brought back) "
+        "in place of the fit: saves its minutes on the GPU",
+    )
+    ap.add_argument("--vae-sha256", default=None, help="with --vae: its SHA256 (checked before use)")
+
+
+def place_given_vae(src: Path, sha256: str, dst: Path) -> None:
+    """``--vae``'s file copied to ``dst`` (atomically, readable by the group) once its SHA256 is
+    ``sha256``; a copy already there with that digest stays."""
+    from gc25d_core.atomic import atomic_write_bytes
+    from gc25d_core.hashing import sha256_file
+
+    if dst.is_file() and sha256_file(dst) == sha256:
+        return
+    if not src.is_file():
+        raise SystemExit(f"--vae {src}: no such file")
+    got = sha256_file(src)
+    if got != sha256:
+        raise SystemExit(f"--vae {src}: sha256 {got} is not --vae-sha256 {sha256}")
+    atomic_write_bytes(dst, src.read_bytes())
+
+
 def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     """Data + SFT; returns the run config, the SFT run folder and the snapshot version it trained on."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, required=True, help="data and runs go under it")
     ap.add_argument("--sft-steps", type=int, default=None, help="default: configs/sft/small.yaml")
     ap.add_argument("--cpu-ranks", type=int, default=8, help="ranks of the CPU jobs (cond, meta, ...)")
+    add_vae_options(ap)
     ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
     args = ap.parse_args(argv)
+    if (args.vae is None) != (args.vae_sha256 is None):
+        ap.error("--vae and --vae-sha256 go together (the weights are checked before they are used)")
 
     from gc25d_core import index as clip_index
     from gc25d_core import raw_prepare
@@ -96,7 +135,7 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     from gc25d_core.train.previews import learning_signal_report
     from gc25d_core.train.sft import with_sft
 
-    cfg, sft = small_config(args.root, args.smoke, args.sft_steps)
+    cfg, sft = small_config(args.root, args.smoke, args.sft_steps, args.vae_sha256)
     root = args.root.resolve()
     cfg = with_sft(cfg, "small", sft)
     cpu_cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "gloo"})})
@@ -117,9 +156,15 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
         launch(f"gc25d_core.jobs.{module}", cpu_cfg, runs / module, args.cpu_ranks)
         phase(module, t0)
     t0 = time.perf_counter()
-    launch("gc25d_core.jobs.tiny_vae", cfg, runs / "tiny_vae", 1)
-    rec = json.loads((Path(cfg.paths.data_root) / "models" / "tiny_vae.json").read_text())
-    phase("tiny_vae", t0, recon_mse_heldout=rec.get("recon_mse_heldout"), psnr_db=rec.get("psnr_heldout_db"))
+    if args.vae is not None:
+        place_given_vae(args.vae, args.vae_sha256, Path(cfg.vae.path))
+        phase("tiny_vae", t0, given=str(args.vae), sha256=args.vae_sha256)
+    else:
+        launch("gc25d_core.jobs.tiny_vae", cfg, runs / "tiny_vae", 1)
+        rec = json.loads((Path(cfg.paths.data_root) / "models" / "tiny_vae.json").read_text())
+        phase(
+            "tiny_vae", t0, recon_mse_heldout=rec.get("recon_mse_heldout"), psnr_db=rec.get("psnr_heldout_db")
+        )
     t0 = time.perf_counter()
     launch("gc25d_core.jobs.latents", cfg, runs / "latents", 1)
     phase("latents", t0)
