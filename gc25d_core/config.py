@@ -181,6 +181,15 @@ class TinyVaeFitConfig(Strict):
     steps: int = Field(default=300, ge=1)
     batch: int = Field(default=2, ge=1)
     frames: int = Field(default=5, ge=1, description="frames per training window (1 + 4k)")
+    dim: int = Field(
+        default=16, ge=4, description="the encoder's base width (the real VAE's: 160); the file keeps it"
+    )
+    dec_dim: int = Field(
+        default=16,
+        ge=4,
+        description="the decoder's base width (the real VAE's: 256): what the picture's detail costs "
+        "(docs/picture_study.md); the file keeps it",
+    )
     crop: int | None = Field(
         default=None,
         ge=16,

@@ -53,3 +53,14 @@ def test_frames_of_another_shape_are_not_written(tmp_path):
     with pytest.raises(ValueError, match="picture is uint8 \\(3, 4,"):
         write_frames(tmp_path / "s.npz", truth, chunks, ids)
     assert not (tmp_path / "s.npz").exists()
+
+
+def test_picture_study_fit_specs_name_steps_and_both_widths():
+    import pytest
+
+    from bench.quality.picture_study import parse_fit
+
+    assert parse_fit("160@16") == (160, 16, 16)
+    assert parse_fit("600@32/64") == (600, 32, 64)
+    with pytest.raises(SystemExit, match=r"--fits: '600@wide' is not STEPS@DIM"):
+        parse_fit("600@wide")

@@ -54,3 +54,24 @@ def test_vae_and_its_digest_go_together(capsys):
     with pytest.raises(SystemExit):
         small_preset.main(["--root", "/nonexistent", "--vae", "x.safetensors"])
     assert "--vae and --vae-sha256 go together" in capsys.readouterr().err
+
+
+def test_the_vae_width_reaches_the_fit_and_is_refused_beside_a_given_vae(tmp_path, capsys):
+    from bench.quality import small_preset
+
+    assert small_preset.parse_width("32/64") == (32, 64) and small_preset.parse_width("24") == (24, 24)
+    with pytest.raises(SystemExit, match="DIM or DIM/DEC_DIM"):
+        small_preset.parse_width("wide")
+    cfg, _ = small_preset.small_config(tmp_path, vae_width=(32, 64))
+    assert (cfg.vae.fit.dim, cfg.vae.fit.dec_dim, cfg.vae.fit.steps) == (
+        32,
+        64,
+        600,
+    )  # the rest: the preset's
+    cfg, _ = small_preset.small_config(tmp_path, smoke=True, vae_width=(8, 24))
+    assert (cfg.vae.fit.dim, cfg.vae.fit.dec_dim, cfg.vae.fit.steps) == (8, 24, 2)
+    with pytest.raises(SystemExit):
+        small_preset.main(
+            ["--root", "/nonexistent", "--vae", "x", "--vae-sha256", "0" * 64, "--vae-width", "32"]
+        )
+    assert "a given --vae keeps the widths" in capsys.readouterr().err

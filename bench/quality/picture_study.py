@@ -6,7 +6,8 @@ the ids probe (gc25d_core/eval/ids_probe.py) and reports, on the held-out (val) 
 
 * the probe on the true frames (how well it reads the code world at all);
 * the tiny VAE's reconstruction, for a random VAE and fits of growing length / width (``--fits``:
-  ``STEPS@DIM`` each; the preset's fit is 160@16), with PSNR and seconds per fit;
+  ``STEPS@DIM`` or ``STEPS@DIM/DEC_DIM`` each, the encoder's and the decoder's widths; the tiny
+  preset's fit is 160@16), with PSNR and seconds per fit;
 * latents degraded as an MMSE predictor with a given error would degrade them (``--latent-mse``):
   per channel, z' = mean + (z - mean + σ·std·ε) / (1 + σ²), with σ² = m / (1 - m), so that the
   standardised latent error is m and the picture is the blur-plus-noise of a model of that error.
@@ -15,8 +16,9 @@ the ids probe (gc25d_core/eval/ids_probe.py) and reports, on the held-out (val) 
 Prints one JSON line per row and a markdown table at the end (docs/picture_study.md).
 
 Usage: python -m bench.quality.picture_study --raw /tmp/picture/raw --work /tmp/picture/study \
-    [--fits 160@16,480@16,160@32] [--latent-mse 0,0.25,0.5,0.75,0.9] [--frames 17] [--threads 2]
-``--raw``: the code world's tiny preset (generated there when missing: about a minute).
+    [--fits 160@16,480@16,160@32/64] [--latent-mse 0,0.25,0.5,0.75,0.9] [--frames 17] [--threads 2]
+GPU, the small preset: ... --preset small --device cuda --fits 600@16,600@32,600@32/64 --latent-mse ''
+``--raw``: the preset's code world (generated there when missing: a minute for tiny, ~3 for small).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -101,23 +104,45 @@ def recon(vae: Any, clips: list[np.ndarray], latent_mse: float = 0.0, seed: int 
     return [decode_frames(vae, z) for z in zs]
 
 
-def fit_vae(clips: list[np.ndarray], steps: int, dim: int, cfg: Any, seed: int = 0) -> tuple[Any, float]:
-    """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), the
-    inner model of width ``dim`` (the preset: 16)."""
-    import gc25d_core.models.vae_fit as vf
-    from gc25d_core.models.vae import TinyWanVideoVAE38
+def fit_vae(
+    clips: list[np.ndarray],
+    steps: int,
+    dim: int,
+    cfg: Any,
+    seed: int = 0,
+    dec_dim: int | None = None,
+    device: str = "cpu",
+) -> tuple[Any, float]:
+    """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
+    encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16)."""
+    from gc25d_core.models.vae_fit import fit_tiny_vae
 
     f = cfg.vae.fit
-    build = vf.build_vae
-    vf.build_vae = lambda tiny=True, device="cpu": TinyWanVideoVAE38(dim=dim, dec_dim=dim).eval()
+    t0 = time.perf_counter()
+    vae, _ = fit_tiny_vae(
+        clips,
+        steps=steps,
+        batch=f.batch,
+        frames=f.frames,
+        lr=f.lr,
+        seed=seed,
+        crop=f.crop,
+        norm_frames=9,
+        device=device,
+        dim=dim,
+        dec_dim=dec_dim or dim,
+    )
+    return vae, time.perf_counter() - t0
+
+
+def parse_fit(spec: str) -> tuple[int, int, int]:
+    """``STEPS@DIM`` or ``STEPS@DIM/DEC_DIM`` -> (steps, dim, dec_dim)."""
     try:
-        t0 = time.perf_counter()
-        vae, _ = vf.fit_tiny_vae(
-            clips, steps=steps, batch=f.batch, frames=f.frames, lr=f.lr, seed=seed, crop=f.crop, norm_frames=9
-        )
-        return vae, time.perf_counter() - t0
-    finally:
-        vf.build_vae = build
+        steps, _, widths = spec.partition("@")
+        dim, _, dec = widths.partition("/")
+        return int(steps), int(dim), int(dec or dim)
+    except ValueError:
+        raise SystemExit(f"--fits: {spec!r} is not STEPS@DIM or STEPS@DIM/DEC_DIM") from None
 
 
 def screenshot_panels(path: Path, width: int = 128, height: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +178,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--raw", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--fits", default="160@16,480@16")
+    ap.add_argument(
+        "--preset", default="tiny", help="the code world's and the VAE fit's preset (tiny, small)"
+    )
+    ap.add_argument("--device", default="cpu", help="where the fits run (the small preset's: cuda)")
+    ap.add_argument("--fits", default="160@16,480@16", help="STEPS@DIM or STEPS@DIM/DEC_DIM, comma-separated")
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument("--frames", type=int, default=17)
     ap.add_argument("--threads", type=int, default=2)
@@ -163,15 +192,16 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from gc25d_core.codeworld import generate
+    from gc25d_core import raw_prepare
     from gc25d_core.config import load_config
     from gc25d_core.eval.ids_probe import ensure_probe
     from gc25d_core.models.vae import build_vae
 
     torch.set_num_threads(args.threads)
-    if not (args.raw / "codeworld.json").is_file():
-        generate(args.raw, "tiny", seed=0)
-    cfg = load_config("tiny", {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
+    cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
+    fits = [parse_fit(f) for f in args.fits.split(",") if f.strip()]
+    if not (args.raw / "codeworld.json").is_file():  # the preset's code world, seeded
+        raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=os.cpu_count() or 1)
     rows: list[dict[str, Any]] = []
 
     def row(name: str, frames: list[np.ndarray], truth: list[np.ndarray], ids: list[np.ndarray], **extra):
@@ -204,14 +234,14 @@ def main(argv: list[str] | None = None) -> None:
     row("truth (probe's own accuracy)", truth, truth, ids)
     torch.manual_seed(0)  # the random VAE of the row below: the same one every run
     row("tiny VAE, random (no fit)", recon(build_vae(tiny=True), truth), truth, ids)
-    fits = [f for f in args.fits.split(",") if f.strip()]
     train = train_clips(cfg) if fits else []
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
-    for spec in fits:
-        steps, dim = (int(v) for v in spec.split("@"))
-        vae, fit_s = fit_vae(train, steps, dim, cfg)
-        row(f"tiny VAE fit {steps} steps, dim {dim}", recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
-        if spec == fits[0]:
+    for i, (steps, dim, dec_dim) in enumerate(fits):
+        vae, fit_s = fit_vae(train, steps, dim, cfg, dec_dim=dec_dim, device=args.device)
+        name = f"tiny VAE fit {steps} steps, dim {dim}" + (f" / decoder {dec_dim}" if dec_dim != dim else "")
+        row(name, recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
+        if i == 0:
+            spec = f"{steps}@{dim}/{dec_dim}"
             for m in degrade:
                 row(f"  latents at MSE {m} (fit {spec})", recon(vae, truth, m), truth, ids)
     print(

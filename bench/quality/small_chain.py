@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     data_argv += [] if args.sft_steps is None else ["--sft-steps", str(args.sft_steps)]
     data_argv += [] if args.vae is None else ["--vae", str(args.vae)]
     data_argv += [] if args.vae_sha256 is None else ["--vae-sha256", args.vae_sha256]
+    data_argv += [] if args.vae_width is None else ["--vae-width", args.vae_width]
     cfg, sft_run, version = small_preset.main(data_argv)
     stop = PHASES.index(args.through)
     if stop == 0:

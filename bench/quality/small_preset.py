@@ -49,11 +49,16 @@ GIVEN_VAE = "given_tiny_vae.safetensors"  # under <data_root>/models: --vae's co
 
 
 def small_config(
-    root: Path, smoke: bool = False, sft_steps: int | None = None, vae_sha256: str | None = None
+    root: Path,
+    smoke: bool = False,
+    sft_steps: int | None = None,
+    vae_sha256: str | None = None,
+    vae_width: tuple[int, int] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The `small` preset's run config with its data and runs under ``root``, and the SFT section's
     overrides (``smoke``: the tiny world and a 2-layer model on CPU, for the plumbing;
-    ``vae_sha256``: the tiny VAE is ``--vae``'s copy under the data root, checked against it)."""
+    ``vae_sha256``: the tiny VAE is ``--vae``'s copy under the data root, checked against it;
+    ``vae_width``: the fitted tiny VAE's encoder / decoder widths)."""
     from gc25d_core.config import load_config
 
     root = root.resolve()
@@ -64,6 +69,8 @@ def small_config(
     }
     if vae_sha256 is not None:
         over["vae"] = {"path": str(root / "gc25d" / "models" / GIVEN_VAE), "sha256": vae_sha256}
+    if vae_width is not None:
+        over.setdefault("vae", {})["fit"] = {"dim": vae_width[0], "dec_dim": vae_width[1]}
     sft: dict[str, Any] = {}
     if smoke:
         over |= {"device": "cpu", "distributed": {"nproc_per_node": 1, "backend": "gloo"}}
@@ -71,11 +78,9 @@ def small_config(
         over["raw"] |= {"codeworld_preset": "tiny"}
         over["geometry"] = {"src_width": 200, "src_height": 96, "crop_x0": 6, "crop_x1": 194}
         over["geometry"] |= {"dst_width": 128, "dst_height": 64}
-        over["vae"] = {
-            **over.get("vae", {}),
-            "fit": {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5},
-            "num_workers": 0,
-        }
+        vae = over.get("vae", {})
+        fit = {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5}
+        over["vae"] = {**vae, "fit": {**vae.get("fit", {}), **fit}, "num_workers": 0}
         sft = {
             "precision": "fp32",
             "micro_batch": 1,
@@ -98,6 +103,23 @@ def add_vae_options(ap: argparse.ArgumentParser) -> None:
         "in place of the fit: saves its minutes on the GPU",
     )
     ap.add_argument("--vae-sha256", default=None, help="with --vae: its SHA256 (checked before use)")
+    ap.add_argument(
+        "--vae-width",
+        default=None,
+        metavar="DIM[/DEC_DIM]",
+        help="the fitted tiny VAE's encoder / decoder widths (default the preset's 16 / 16; "
+        "docs/picture_study.md: the decoder's width is what the picture's detail costs)",
+    )
+
+
+def parse_width(text: str | None) -> tuple[int, int] | None:
+    """``--vae-width``'s ``DIM`` or ``DIM/DEC_DIM``."""
+    if text is None:
+        return None
+    dim, _, dec = text.partition("/")
+    if not dim.isdigit() or not (dec or dim).isdigit():
+        raise SystemExit(f"--vae-width {text!r}: DIM or DIM/DEC_DIM, whole numbers")
+    return int(dim), int(dec or dim)
 
 
 def place_given_vae(src: Path, sha256: str, dst: Path) -> None:
@@ -127,6 +149,8 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     args = ap.parse_args(argv)
     if (args.vae is None) != (args.vae_sha256 is None):
         ap.error("--vae and --vae-sha256 go together (the weights are checked before they are used)")
+    if args.vae is not None and args.vae_width is not None:
+        ap.error("--vae-width is the fit's: a given --vae keeps the widths it was fitted with")
 
     from gc25d_core import index as clip_index
     from gc25d_core import raw_prepare
@@ -135,7 +159,9 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     from gc25d_core.train.previews import learning_signal_report
     from gc25d_core.train.sft import with_sft
 
-    cfg, sft = small_config(args.root, args.smoke, args.sft_steps, args.vae_sha256)
+    cfg, sft = small_config(
+        args.root, args.smoke, args.sft_steps, args.vae_sha256, parse_width(args.vae_width)
+    )
     root = args.root.resolve()
     cfg = with_sft(cfg, "small", sft)
     cpu_cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "gloo"})})

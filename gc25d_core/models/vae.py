@@ -54,6 +54,7 @@ class TinyWanVideoVAE38(WanVideoVAE38):
 
     def __init__(self, z_dim: int = Z_DIM, dim: int = 16, dec_dim: int = 16):
         torch.nn.Module.__init__(self)  # skip WanVideoVAE38.__init__: it builds the full-size model
+        self.dim, self.dec_dim = dim, dec_dim  # the encoder's and decoder's base widths (the file keeps them)
         self.mean = torch.zeros(z_dim)
         self.std = torch.ones(z_dim)
         self.scale = [self.mean, 1.0 / self.std]
@@ -145,10 +146,11 @@ def decode_copy(vae: WanVideoVAE38, dtype: torch.dtype = torch.float32, fast: bo
     return out
 
 
-def build_vae(tiny: bool = False, device: Any = "cpu") -> WanVideoVAE38:
-    """A randomly initialised VAE (``device='meta'`` for key checks of the full one)."""
+def build_vae(tiny: bool = False, device: Any = "cpu", dim: int = 16, dec_dim: int = 16) -> WanVideoVAE38:
+    """A randomly initialised VAE (``device='meta'`` for key checks of the full one); ``dim`` /
+    ``dec_dim``: the tiny one's encoder / decoder widths."""
     with torch.device(device):
-        vae = TinyWanVideoVAE38() if tiny else WanVideoVAE38()
+        vae = TinyWanVideoVAE38(dim=dim, dec_dim=dec_dim) if tiny else WanVideoVAE38()
     return vae.eval()
 
 

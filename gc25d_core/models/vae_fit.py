@@ -81,18 +81,21 @@ def fit_tiny_vae(
     norm_frames: int | None = None,
     log: Callable[[int, float], None] | None = None,
     device: str = "cpu",
+    dim: int = 16,
+    dec_dim: int = 16,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
     on random square crops of that side (multiple of 16) instead of whole frames. ``norm_frames``:
     the normalisation statistics come from the first that many frames of every clip (None: all;
-    encoding whole 81-frame clips costs as much as dozens of fit steps and moves them little)."""
+    encoding whole 81-frame clips costs as much as dozens of fit steps and moves them little).
+    ``dim`` / ``dec_dim``: the encoder's / decoder's base widths."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     if crop is not None and crop % 16:
         raise ValueError(f"crop = {crop}: must be a multiple of 16")
     torch.manual_seed(seed)
-    vae = build_vae(tiny=True)
+    vae = build_vae(tiny=True, dim=dim, dec_dim=dec_dim)
     model = vae.model.to(device).train().requires_grad_(True)
     scale = [s.to(device) for s in vae.scale] if isinstance(vae.scale, (list, tuple)) else vae.scale
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -133,7 +136,8 @@ def save_tiny_vae(vae: TinyWanVideoVAE38, path: Path | str) -> str:
 
     tensors = {k: v.contiguous() for k, v in vae.model.state_dict().items()}
     tensors[NORM_KEYS[0]], tensors[NORM_KEYS[1]] = vae.mean.contiguous(), vae.std.contiguous()
-    return sha256_file(save_safetensors(tensors, path, {"format": FIT_FORMAT, "dim": "16"}))
+    meta = {"format": FIT_FORMAT, "dim": str(vae.dim), "dec_dim": str(vae.dec_dim)}
+    return sha256_file(save_safetensors(tensors, path, meta))
 
 
 def load_tiny_vae(
@@ -141,18 +145,27 @@ def load_tiny_vae(
 ) -> TinyWanVideoVAE38:
     """A fitted tiny VAE, after its SHA256 matches ``field`` (safetensors only: nothing unverified
     is parsed)."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     from gc25d_core.models.vae import check_vae_sha256
 
     path = Path(path)
     check_vae_sha256(path, expected_sha256, field)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
     tensors = load_file(str(path))
     missing = [k for k in NORM_KEYS if k not in tensors]
     if missing:
         raise ValueError(f"{path}: not a fitted tiny VAE (missing {missing})")
+    widths = {}
+    for key in ("dim", "dec_dim"):  # files from before the widths were kept: 16 (both)
+        value = meta.get(key, meta.get("dim", "16"))
+        if not value.isdigit() or int(value) < 4:
+            raise ValueError(f"{path}: metadata {key}={value!r} is not a width")
+        widths[key] = int(value)
     mean, std = tensors.pop(NORM_KEYS[0]), tensors.pop(NORM_KEYS[1])
-    vae = build_vae(tiny=True)
+    vae = build_vae(tiny=True, **widths)
     vae.model.load_state_dict(tensors, strict=True)
     set_norm(vae, mean, std)
     return vae.to(device).eval().requires_grad_(False)

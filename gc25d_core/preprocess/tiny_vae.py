@@ -81,6 +81,8 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         norm_frames=fit.norm_frames,
         log=log,
         device=fit.device,
+        dim=fit.dim,
+        dec_dim=fit.dec_dim,
     )
     fit_s = time.perf_counter() - t_fit
     n = fit.eval_frames

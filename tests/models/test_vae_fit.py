@@ -53,6 +53,57 @@ def test_fit_improves_reconstruction_and_normalises_latents(tmp_path):
         build_vae_for(load_config("tiny", {"vae": {"path": str(path)}}), torch.device("cpu"))
 
 
+def _resave(src, dst, meta):
+    """``src``'s tensors written again with other metadata (what another writer would leave)."""
+    from safetensors.torch import load_file
+
+    from gc25d_core.hashing import sha256_file
+    from gc25d_core.models.safetensors_file import save_safetensors
+
+    return sha256_file(save_safetensors(load_file(str(src)), dst, meta))
+
+
+def test_a_wider_fit_keeps_its_widths_in_the_file_and_older_files_load_as_16(tmp_path):
+    clips = _clips()
+    vae, _ = fit_tiny_vae(clips, steps=1, batch=1, frames=5, dim=8, dec_dim=24)
+    path = tmp_path / "wide.safetensors"
+    digest = save_tiny_vae(vae, path)
+    again = load_tiny_vae(path, expected_sha256=digest)
+    assert (again.dim, again.dec_dim) == (8, 24)
+    torch.testing.assert_close(encode_frames(again, clips[0]), encode_frames(vae, clips[0]), rtol=0, atol=0)
+    # the decoder's width is not in the file: the encoder's is taken, and 24-wide weights do not fit 8
+    d = _resave(path, tmp_path / "no_dec.safetensors", {"format": "gc25d_tiny_vae38", "dim": "8"})
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_tiny_vae(tmp_path / "no_dec.safetensors", expected_sha256=d)
+    d = _resave(path, tmp_path / "bad.safetensors", {"dim": "8", "dec_dim": "wide"})
+    with pytest.raises(ValueError, match=r"bad.safetensors: metadata dec_dim='wide' is not a width"):
+        load_tiny_vae(tmp_path / "bad.safetensors", expected_sha256=d)
+    # a file from before the widths were kept ({"dim": "16"} only) is the 16 / 16 one
+    old, _ = fit_tiny_vae(clips, steps=1, batch=1, frames=5)
+    digest = save_tiny_vae(old, tmp_path / "old.safetensors")
+    d = _resave(
+        tmp_path / "old.safetensors",
+        tmp_path / "older.safetensors",
+        {"format": "gc25d_tiny_vae38", "dim": "16"},
+    )
+    assert (load_tiny_vae(tmp_path / "older.safetensors", expected_sha256=d).dec_dim) == 16
+
+
+def test_the_widths_are_fit_settings_and_a_change_of_width_refits():
+    from gc25d_core.models.vae_fit import inputs_key
+
+    cfg = load_config("tiny", {"vae": {"fit": {"dim": 8, "dec_dim": 24}}})
+    base = load_config("tiny")
+    assert (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (8, 24) and (base.vae.fit.dim, base.vae.fit.dec_dim) == (
+        16,
+        16,
+    )
+    clips = _clips()
+    assert inputs_key(cfg, ["a", "b"], clips) != inputs_key(base, ["a", "b"], clips)
+    with pytest.raises(ValueError, match="dec_dim"):
+        load_config("tiny", {"vae": {"fit": {"dec_dim": 2}}})
+
+
 def test_fit_refuses_short_clips():
     with pytest.raises(ValueError, match="1 \\+ 4k"):
         fit_tiny_vae(_clips(frames=5), frames=9, steps=1)
