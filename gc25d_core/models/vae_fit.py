@@ -136,7 +136,9 @@ def save_tiny_vae(vae: TinyWanVideoVAE38, path: Path | str) -> str:
 
     tensors = {k: v.contiguous() for k, v in vae.model.state_dict().items()}
     tensors[NORM_KEYS[0]], tensors[NORM_KEYS[1]] = vae.mean.contiguous(), vae.std.contiguous()
-    meta = {"format": FIT_FORMAT, "dim": str(vae.dim), "dec_dim": str(vae.dec_dim)}
+    meta = {"format": FIT_FORMAT, "dim": str(vae.dim)}
+    if vae.dec_dim != vae.dim:  # one width: the file as before the decoder's could differ (same SHA256)
+        meta["dec_dim"] = str(vae.dec_dim)
     return sha256_file(save_safetensors(tensors, path, meta))
 
 
@@ -159,7 +161,7 @@ def load_tiny_vae(
     if missing:
         raise ValueError(f"{path}: not a fitted tiny VAE (missing {missing})")
     widths = {}
-    for key in ("dim", "dec_dim"):  # files from before the widths were kept: 16 (both)
+    for key in ("dim", "dec_dim"):  # no dec_dim: the encoder's; no dim (the first files): 16
         value = meta.get(key, meta.get("dim", "16"))
         if not value.isdigit() or int(value) < 4:
             raise ValueError(f"{path}: metadata {key}={value!r} is not a width")
@@ -214,7 +216,12 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     order), the clips and their frames' bytes, so an unchanged rerun is recognised and any change
     refits. Where the file goes is not an input."""
     h = hashlib.sha256()
-    settings = cfg.vae.fit.model_dump(exclude={"file", "enabled"})
+    # the widths joined the settings later: at the default (16 / 16) they stay out of the key, so
+    # the fits made before keep theirs and are not fitted again
+    default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
+    settings = cfg.vae.fit.model_dump(
+        exclude={"file", "enabled"} | ({"dim", "dec_dim"} if default_widths else set())
+    )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())
     for clip in clips:

@@ -78,7 +78,8 @@ def test_a_wider_fit_keeps_its_widths_in_the_file_and_older_files_load_as_16(tmp
     d = _resave(path, tmp_path / "bad.safetensors", {"dim": "8", "dec_dim": "wide"})
     with pytest.raises(ValueError, match=r"bad.safetensors: metadata dec_dim='wide' is not a width"):
         load_tiny_vae(tmp_path / "bad.safetensors", expected_sha256=d)
-    # a file from before the widths were kept ({"dim": "16"} only) is the 16 / 16 one
+    # one width (16 / 16, the presets'): the file is written as before the widths could differ,
+    # {"format", "dim": "16"}, so earlier fits keep their SHA256
     old, _ = fit_tiny_vae(clips, steps=1, batch=1, frames=5)
     digest = save_tiny_vae(old, tmp_path / "old.safetensors")
     d = _resave(
@@ -86,7 +87,8 @@ def test_a_wider_fit_keeps_its_widths_in_the_file_and_older_files_load_as_16(tmp
         tmp_path / "older.safetensors",
         {"format": "gc25d_tiny_vae38", "dim": "16"},
     )
-    assert (load_tiny_vae(tmp_path / "older.safetensors", expected_sha256=d).dec_dim) == 16
+    assert d == digest
+    assert load_tiny_vae(tmp_path / "older.safetensors", expected_sha256=d).dec_dim == 16
 
 
 def test_the_widths_are_fit_settings_and_a_change_of_width_refits():
@@ -100,6 +102,10 @@ def test_the_widths_are_fit_settings_and_a_change_of_width_refits():
     )
     clips = _clips()
     assert inputs_key(cfg, ["a", "b"], clips) != inputs_key(base, ["a", "b"], clips)
+    # the default widths leave the key as it was before they were settings (the fits made then
+    # stay): the key 261c204's parent gives these clips
+    golden = "40bd77fa48ddadee211c2188ef6150b72077f2b19aa0f6a078f07f67d18871fd"
+    assert inputs_key(base, ["a"], clips[:1]) == golden
     with pytest.raises(ValueError, match="dec_dim"):
         load_config("tiny", {"vae": {"fit": {"dec_dim": 2}}})
 
