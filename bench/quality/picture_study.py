@@ -112,9 +112,11 @@ def fit_vae(
     seed: int = 0,
     dec_dim: int | None = None,
     device: str = "cpu",
+    lr: float | None = None,
 ) -> tuple[Any, float]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
-    encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16)."""
+    encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
+    ``lr`` in place of the preset's."""
     from gc25d_core.models.vae_fit import fit_tiny_vae
 
     f = cfg.vae.fit
@@ -124,7 +126,7 @@ def fit_vae(
         steps=steps,
         batch=f.batch,
         frames=f.frames,
-        lr=f.lr,
+        lr=lr or f.lr,
         seed=seed,
         crop=f.crop,
         norm_frames=9,
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--device", default="cpu", help="where the fits run (the small preset's: cuda)")
     ap.add_argument("--fits", default="160@16,480@16", help="STEPS@DIM or STEPS@DIM/DEC_DIM, comma-separated")
+    ap.add_argument("--lr", type=float, default=None, help="the fits' learning rate (default the preset's)")
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument("--frames", type=int, default=17)
     ap.add_argument("--threads", type=int, default=2)
@@ -237,8 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     train = train_clips(cfg) if fits else []
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
     for i, (steps, dim, dec_dim) in enumerate(fits):
-        vae, fit_s = fit_vae(train, steps, dim, cfg, dec_dim=dec_dim, device=args.device)
+        vae, fit_s = fit_vae(train, steps, dim, cfg, dec_dim=dec_dim, device=args.device, lr=args.lr)
         name = f"tiny VAE fit {steps} steps, dim {dim}" + (f" / decoder {dec_dim}" if dec_dim != dim else "")
+        name += f", lr {args.lr:g}" if args.lr else ""
         row(name, recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
         if i == 0:
             spec = f"{steps}@{dim}/{dec_dim}"
