@@ -35,11 +35,12 @@ def test_a_given_vae_is_checked_copied_under_the_data_root_and_named_by_the_conf
     dst = tmp_path / "root" / "gc25d" / "models" / GIVEN_VAE
     assert cfg.vae.path is not None and Path(cfg.vae.path) == dst and cfg.vae.sha256 == sha
     with pytest.raises(
-        SystemExit, match=r"--vae .*fit.safetensors: sha256 [0-9a-f]{64} is not --vae-sha256 0{64}"
+        SystemExit,
+        match=r"--vae: VAE weights .*fit.safetensors: sha256 [0-9a-f]{64} does not match --vae-sha256 = 0{64}",
     ):
         place_given_vae(src, "0" * 64, dst)
     assert not dst.exists()
-    with pytest.raises(SystemExit, match="no such file"):
+    with pytest.raises(SystemExit, match=r"--vae: VAE weights .*missing.safetensors do not exist"):
         place_given_vae(tmp_path / "missing.safetensors", sha, dst)
     place_given_vae(src, sha, dst)
     assert dst.read_bytes() == b"weights" and dst.stat().st_mode & 0o044 == 0o044  # the group reads it

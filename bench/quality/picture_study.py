@@ -139,10 +139,11 @@ def fit_vae(
 
 def parse_fit(spec: str) -> tuple[int, int, int]:
     """``STEPS@DIM`` or ``STEPS@DIM/DEC_DIM`` -> (steps, dim, dec_dim)."""
+    from bench.quality.small_preset import split_widths
+
     try:
         steps, _, widths = spec.partition("@")
-        dim, _, dec = widths.partition("/")
-        return int(steps), int(dim), int(dec or dim)
+        return (int(steps), *split_widths(widths))
     except ValueError:
         raise SystemExit(f"--fits: {spec!r} is not STEPS@DIM or STEPS@DIM/DEC_DIM") from None
 

@@ -112,14 +112,23 @@ def add_vae_options(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def split_widths(text: str) -> tuple[int, int]:
+    """``DIM`` or ``DIM/DEC_DIM`` -> (dim, dec_dim); a ValueError for anything else (the tiny VAE's
+    widths as ``--vae-width`` and picture_study's ``--fits`` write them)."""
+    dim, _, dec = text.partition("/")
+    if not dim.isdigit() or not (dec or dim).isdigit():
+        raise ValueError(text)
+    return int(dim), int(dec or dim)
+
+
 def parse_width(text: str | None) -> tuple[int, int] | None:
     """``--vae-width``'s ``DIM`` or ``DIM/DEC_DIM``."""
     if text is None:
         return None
-    dim, _, dec = text.partition("/")
-    if not dim.isdigit() or not (dec or dim).isdigit():
-        raise SystemExit(f"--vae-width {text!r}: DIM or DIM/DEC_DIM, whole numbers")
-    return int(dim), int(dec or dim)
+    try:
+        return split_widths(text)
+    except ValueError:
+        raise SystemExit(f"--vae-width {text!r}: DIM or DIM/DEC_DIM, whole numbers") from None
 
 
 def place_given_vae(src: Path, sha256: str, dst: Path) -> None:
@@ -127,14 +136,15 @@ def place_given_vae(src: Path, sha256: str, dst: Path) -> None:
     ``sha256``; a copy already there with that digest stays."""
     from gc25d_core.atomic import atomic_write_bytes
     from gc25d_core.hashing import sha256_file
+    from gc25d_core.models.loading import WeightsError
+    from gc25d_core.models.vae import check_vae_sha256
 
     if dst.is_file() and sha256_file(dst) == sha256:
         return
-    if not src.is_file():
-        raise SystemExit(f"--vae {src}: no such file")
-    got = sha256_file(src)
-    if got != sha256:
-        raise SystemExit(f"--vae {src}: sha256 {got} is not --vae-sha256 {sha256}")
+    try:
+        check_vae_sha256(src, sha256, "--vae-sha256")
+    except WeightsError as e:
+        raise SystemExit(f"--vae: {e}") from None
     atomic_write_bytes(dst, src.read_bytes())
 
 

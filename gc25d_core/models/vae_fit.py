@@ -148,7 +148,6 @@ def load_tiny_vae(
     """A fitted tiny VAE, after its SHA256 matches ``field`` (safetensors only: nothing unverified
     is parsed)."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     from gc25d_core.models.vae import check_vae_sha256
 
@@ -156,7 +155,7 @@ def load_tiny_vae(
     check_vae_sha256(path, expected_sha256, field)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
-    tensors = load_file(str(path))
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no mapping)
     missing = [k for k in NORM_KEYS if k not in tensors]
     if missing:
         raise ValueError(f"{path}: not a fitted tiny VAE (missing {missing})")
