@@ -36,6 +36,8 @@ if [ -e $RC ] || [ "${COLLECT:-0}" = 1 ]; then  # COLLECT=1: the reports so far,
     \( -path './runs/*' -o -path './gc25d/models/*' \) -print0 \
     | tar -czf "$OUT/small_reports.tgz" --null -T -) 2>/dev/null
   cp /tmp/small/gc25d/models/tiny_vae.safetensors /tmp/small/pictures/*.npz "$OUT/" 2>/dev/null
+  # the eval job's own log (its sessions' load, play and scoring times), the last 1 MB of it
+  for f in /tmp/small/runs/eval/*/torchrun.log; do [ -e "$f" ] && tail -c 1000000 "$f" > "$OUT/eval_torchrun.log"; done
   ls -la "$OUT"
   find "$OUT" -type f -size +16M -exec echo "=== too large to come back: {}" \;
 else
@@ -43,6 +45,7 @@ else
 fi
 grep '^{' $LOG | cut -c1-400 | tail -40
 tail -n 40 $LOG
+for f in /tmp/small/runs/eval/*/torchrun.log; do [ -e "$f" ] && echo "=== $f" && tail -n 25 "$f" | cut -c1-300; done
 # a finished chain's status is this call's (a failed chain fails the call); a running one's is 0
 [ -e $RC ] && exit "$(cat $RC)"
 exit 0

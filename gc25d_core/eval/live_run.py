@@ -11,6 +11,7 @@ rollouts (per-frame numbers, a few frames) and assembles each (export, sweep) ro
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,29 +80,47 @@ def run_live(
     run_dir: Path,
     cap: float,
     log: Callable[[str], None],
+    keep: Callable[[tuple[str, str], dict[str, Any]], None] | None = None,
 ) -> dict[tuple[str, str], dict[str, Any]] | None:
-    """The rows of ``pending`` (export, sweep) on rank 0 ({"sampler", "sweep", "strip"}), else None."""
+    """The rows of ``pending`` (export, sweep) on rank 0 ({"sampler", "sweep", "strip"}), else None.
+    On a single rank each row goes to ``keep`` as soon as its rollouts are scored, so that a job
+    stopped part way (a device call's end) keeps the rows it finished; with several ranks the rows
+    exist only once rank 0 has gathered every rank's rollouts."""
     rank, world = global_rank(), world_size()
     sweeps = {s.name: s for _, s in pending}
     exports = {e.label: e for e, _ in pending}
     plays = {name: scripts(s) for name, s in sweeps.items()}
-    truths = {
-        name: shared_truth(backend, plays[name]["own"], run_dir / "live" / f"{name}_truth.npy")
-        for name in sorted(sweeps)
-    }
+    truths = {}
+    for name in sorted(sweeps):
+        t0 = time.perf_counter()
+        truths[name] = shared_truth(backend, plays[name]["own"], run_dir / "live" / f"{name}_truth.npy")
+        log(
+            f"{name}: the truth's {len(truths[name].frames)} frames drawn in {time.perf_counter() - t0:.1f} s"
+        )
     assert sorted(k for kinds in TASK_KINDS for k in kinds) == sorted(L.KINDS)
     tasks = [(e.label, s.name, kinds) for e, s in pending for kinds in TASK_KINDS]
     mine = shard(tasks, lambda t: sum(sweeps[t[1]].rollout_cells(k) for k in t[2]), world)[rank]
     metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
     latents: dict[str, Any] = {}
     done: dict[tuple[str, str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}  # single rank: each row as it is finished
     session, loaded = None, None
     for label, name, kinds in sorted(mine):  # by export: each loaded once on this rank
         if loaded != label:
+            t0 = time.perf_counter()
             session, loaded = backend.session(exports[label].path, exports[label].sha256), label
+            log(f"{label}: session loaded and warmed up in {time.perf_counter() - t0:.1f} s")
         sweep, truth = sweeps[name], truths[name]
+        t0 = time.perf_counter()
         played_rows = L.play_rows(session, [plays[name][kind] for kind in kinds])
+        cells = sum(len(plays[name][kind]) for kind in kinds)
+        played_s = time.perf_counter() - t0
+        log(
+            f"{label} {name} {'+'.join(kinds)}: {cells} cells played and decoded in {played_s:.1f} s "
+            f"({1000 * played_s / cells:.0f} ms a cell)"
+        )
         for kind, played in zip(kinds, played_rows, strict=True):
+            t0 = time.perf_counter()
             extra: dict[str, Any] = {}
             if kind == "own":
                 if name not in latents:
@@ -112,7 +131,14 @@ def run_live(
                 extra["changed_truth"] = L.render_truth(backend, plays[name]["changed"]).frames
             done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
             psnr = np.mean(done[label, name, kind]["psnr"])
-            log(f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {psnr:.2f} dB")
+            log(
+                f"{label} {name} {kind}: {len(plays[name][kind])} cells, PSNR vs truth {psnr:.2f} dB "
+                f"(scored in {time.perf_counter() - t0:.1f} s)"
+            )
+        if world == 1 and all((label, name, k) in done for k in L.KINDS):
+            rows[label, name] = live_row(sweep, {k: done[label, name, k] for k in L.KINDS}, truth)
+            if keep is not None:
+                keep((label, name), rows[label, name])
     parts: list[Any] | None = [done]
     if dist_active():
         import torch.distributed as dist
@@ -124,15 +150,21 @@ def run_live(
     every: dict[tuple[str, str, str], dict[str, Any]] = {}
     for part in parts:
         every.update(part)
-    rows = {}
     for e, s in pending:
-        rolls = {kind: every[e.label, s.name, kind] for kind in L.KINDS}
-        rows[e.label, s.name] = {
-            "sampler": {"kind": "causal", "sampler": "deploy.session"},
-            "sweep": assemble_live(s, rolls, truths[s.name]),
-            "strip": strip_png(rolls["own"]["strip"]),
-        }
+        if (e.label, s.name) not in rows:
+            rows[e.label, s.name] = live_row(
+                s, {k: every[e.label, s.name, k] for k in L.KINDS}, truths[s.name]
+            )
     return rows
+
+
+def live_row(sweep: L.LiveSweep, rolls: dict[str, dict[str, Any]], truth: L.Truth) -> dict[str, Any]:
+    """An (export, sweep) row from its scored rollouts (one per kind)."""
+    return {
+        "sampler": {"kind": "causal", "sampler": "deploy.session"},
+        "sweep": assemble_live(sweep, rolls, truth),
+        "strip": strip_png(rolls["own"]["strip"]),
+    }
 
 
 def strip_png(strip: dict[str, np.ndarray], max_width: int = 1400) -> bytes:

@@ -2,9 +2,9 @@
 (``gc25d_core.eval.live.LiveBackend``): eval and deploy are peers that never import one another, so
 the job layer joins them.
 
-The session is ``deploy.session.LiveSession`` on ``DeployRuntime.load`` (default runtime options:
-seed 0, eager; the job's VAE and text table) and ``deploy.world.LiveWorld`` (its torch ids
-renderer on the session's device); the truth is the same ``LiveWorld``'s stepper and RGB renderer
+The session is ``deploy.session.LiveSession`` on ``DeployRuntime.load`` (seed 0, the exact path,
+replayed as CUDA graphs on a GPU; the job's VAE and text table) and ``deploy.world.LiveWorld`` (its
+torch ids renderer on the session's device); the truth is the same ``LiveWorld``'s stepper and RGB renderer
 (``render_rgb``: the code world's source render, cropped and resized as the data were).
 
 Every export of an eval plays the same scripts, and the world does not depend on what the model
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from gc25d_core.config import Gc25dConfig, GeometryConfig
 from gc25d_core.deploy.world import FRAMES_PER_CELL, LiveWorld, WorldConfig
@@ -102,7 +103,10 @@ class DeployBackend:
             vocab=self.cfg.vocab,
             device=self.device,
             expected_sha256=sha256,
-            options=RuntimeOptions(decode=False),  # eval.live.play_rows decodes a session's rows as one batch
+            # decode off: eval.live.play_rows decodes a session's rows as one batch. CUDA graphs on a
+            # GPU: the same kernels replayed, so the exact path's latents bit for bit
+            # (tests/deploy/test_static_kv.py's gpu test) without a small model's host-bound launches
+            options=RuntimeOptions(decode=False, cuda_graphs=torch.device(self.device).type == "cuda"),
         )
         world: Any = LiveWorld(self.world, self.cfg.geometry, device=self.device)
         if world.torch is None:  # the numpy renderer: a cell's ids cost more than its denoise

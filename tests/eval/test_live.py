@@ -190,3 +190,30 @@ def test_a_rerun_computes_nothing_and_a_changed_export_only_its_rows(world):
     assert third is not None and third.computed == {"live240": 3} and third.kept == ["stage1_tf/live240"]
     (run_dir / third.plots[0]).unlink()  # a report file gone: the job writes it again
     assert finished_eval(cfg, run_dir) is None
+
+
+def test_an_eval_stopped_part_way_keeps_the_rows_it_finished(world, tmp_path):
+    """One rank: an export's live row is kept as soon as it is scored, so an eval stopped in the
+    next export (here: its session fails to load) recomputes only what it had not finished."""
+    root, cfg, _, _ = world
+    ecfg = EvalConfig(clip28_clips=0, chain241_chains=0, live_sweeps=["live240"], live_cells=CELLS)
+    s1 = exports_of_handoff("stage1_tf", random_teacher(cfg, root, seed=3, causal=True), root)
+    s2 = exports_of_handoff(
+        "stage2_cd", random_teacher(cfg, root, seed=4, causal=True, stage="stage2_cd"), root
+    )
+    run_dir = tmp_path / "eval_run"
+    run_dir.mkdir()
+    write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=1, eval=ecfg, exports=[*s1, *s2]))
+
+    class StopsAtStage2(DeployBackend):
+        def session(self, export, sha256):
+            if sha256 == s2[0].sha256:
+                raise KeyboardInterrupt("the device call ended")
+            return super().session(export, sha256)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(cfg, run_dir, StdoutReporter(rank=0), lambda vae, device: StopsAtStage2(cfg, vae, device))
+    again = run_eval(
+        cfg, run_dir, StdoutReporter(rank=0), lambda vae, device: DeployBackend(cfg, vae, device)
+    )
+    assert again is not None and again.kept == ["stage1_tf/live240"] and again.computed == {"live240": 3}
