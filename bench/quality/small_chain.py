@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
         "--skip",
         action="append",
         default=[],
-        choices=("fast_decoder",),
-        help="leave a phase out (fast_decoder: its fit; the lever checks then default to FP8's) and go on",
+        choices=("fast_decoder", "pictures"),
+        help="leave a phase out (fast_decoder: its fit, the lever checks then default to FP8's; "
+        "pictures: the scripted walk's frames before the eval) and go on",
     )
     ap.add_argument(
         "--levers",
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--eval-labels: {unknown} are not among {[e.label for e in exports]}")
         exports = [e for e in exports if e.label in wanted]
     # the pictures first: a minute on the GPU, and what a device call that ends in the eval keeps
-    keep_pictures(args.root, cfg, deploy_run / "config.yaml", [e for e in exports if e.stage != "sft"])
+    if "pictures" not in args.skip:
+        keep_pictures(args.root, cfg, deploy_run / "config.yaml", [e for e in exports if e.stage != "sft"])
     eval_run = runs_root / "eval" / snapshot
     eval_run.mkdir(parents=True, exist_ok=True)
     chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)
