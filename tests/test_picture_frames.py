@@ -64,3 +64,20 @@ def test_picture_study_fit_specs_name_steps_and_both_widths():
     assert parse_fit("600@32/64") == (600, 32, 64)
     with pytest.raises(SystemExit, match=r"--fits: '600@wide' is not STEPS@DIM"):
         parse_fit("600@wide")
+
+
+def test_the_linear_code_cuts_squares_as_the_vae_does_and_keeps_what_its_rank_spans():
+    from bench.quality.picture_study import linear_code_recon, patch_groups
+
+    rng = np.random.default_rng(1)
+    clips = [rng.integers(0, 256, (9, 32, 48, 3), dtype=np.uint8) for _ in range(4)]
+    first, rest = patch_groups(clips[0])
+    assert first.shape == (2 * 3, 16 * 16 * 3) and rest.shape == (2 * 2 * 3, 4 * 16 * 16 * 3)
+    # square (0, 1) of frames 1..4, in time-major order: frame 1's pixels come first
+    assert np.allclose(rest[1, : 16 * 16 * 3], clips[0][1, :16, 16:32].reshape(-1) / 255.0)
+    # the full rank reproduces the frames; fewer numbers a latent lose detail, more lose less
+    assert np.array_equal(linear_code_recon(clips * 300, clips[:1], 3072)[0], clips[0])
+    err = [np.abs(linear_code_recon(clips, clips[:1], k)[0].astype(int) - clips[0]).mean() for k in (2, 16)]
+    assert err[0] > err[1] > 0
+    with pytest.raises(ValueError, match=r"1 \+ 4·n frames"):
+        patch_groups(clips[0][:8])

@@ -9,7 +9,8 @@ Columns, one row per picked moment (upscaled ×``--scale``, nearest, labelled):
 VAE (``--preset``; ``--data-root`` where its fitted tiny VAE is); the ids are the condition the model
 was given. Without ``--export``: the picture is the tiny VAE's reconstruction of the truth
 (``--vae`` + ``--sha256``, or a fit of ``--fit-steps`` on the code world's train split): the
-ceiling any model decoded by that VAE can show. The ids probe's scores of the picture are printed
+ceiling any model decoded by that VAE can show (``--linear K``: of the best linear code of K numbers a
+latent, picture_study's reference). The ids probe's scores of the picture are printed
 as JSON and written beside the PNG (``.json``).
 
 ``--frames-out NPZ`` keeps the frames (truth, picture, ids) and stops before the probe; ``--frames-in
@@ -92,11 +93,20 @@ def session_frames(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np
 
 
 def ceiling_frames(args: argparse.Namespace, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(truth, the tiny VAE's reconstruction, ids) of the val clips' first 17 frames."""
+    """(truth, the tiny VAE's reconstruction, ids) of the val clips' first 17 frames; with
+    ``--linear K`` the reconstruction is the best linear code of K numbers a latent instead."""
     from bench.quality.picture_study import fit_vae, held_out, recon, train_clips
     from gc25d_core.models.vae_fit import load_tiny_vae
 
     truth, ids = held_out(cfg, 17)
+    if args.linear is not None:  # the best linear code of the VAE's shape (picture_study --linear)
+        from bench.quality.picture_study import linear_code_recon
+
+        return (
+            np.concatenate(truth),
+            np.concatenate(linear_code_recon(train_clips(cfg), truth, args.linear)),
+            np.concatenate(ids),
+        )
     if args.vae is not None:
         vae = load_tiny_vae(args.vae, expected_sha256=args.sha256)
     else:
@@ -159,6 +169,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vae", type=Path, default=None)
     ap.add_argument("--sha256", default=None)
     ap.add_argument("--fit-steps", type=int, default=160)
+    ap.add_argument(
+        "--linear",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the ceiling of a linear code of K numbers a latent",
+    )
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--scale", type=int, default=3)
     args = ap.parse_args(argv)

@@ -8,6 +8,9 @@ the ids probe (gc25d_core/eval/ids_probe.py) and reports, on the held-out (val) 
 * the tiny VAE's reconstruction, for a random VAE and fits of growing length / width (``--fits``:
   ``STEPS@DIM`` or ``STEPS@DIM/DEC_DIM`` each, the encoder's and the decoder's widths; the tiny
   preset's fit is 160@16), with PSNR and seconds per fit;
+* the best linear code of the VAE's shape (``--linear``: PCA of the train frames' 16×16 squares of
+  4 frames, K numbers each; the VAE has 48): a reference any fitted VAE of that size ought to beat,
+  and what more numbers a latent would buy;
 * latents degraded as an MMSE predictor with a given error would degrade them (``--latent-mse``):
   per channel, z' = mean + (z - mean + σ·std·ε) / (1 + σ²), with σ² = m / (1 - m), so that the
   standardised latent error is m and the picture is the blur-plus-noise of a model of that error.
@@ -16,7 +19,8 @@ the ids probe (gc25d_core/eval/ids_probe.py) and reports, on the held-out (val) 
 Prints one JSON line per row and a markdown table at the end (docs/picture_study.md).
 
 Usage: python -m bench.quality.picture_study --raw /tmp/picture/raw --work /tmp/picture/study \
-    [--fits 160@16,480@16,160@32/64] [--latent-mse 0,0.25,0.5,0.75,0.9] [--frames 17] [--threads 2]
+    [--fits 160@16,480@16,160@32/64] [--latent-mse 0,0.25,0.5,0.75,0.9] [--linear 48,192] [--frames 17]
+    [--threads 2]
 GPU, the small preset: ... --preset small --device cuda --fits 600@16,600@32,600@32/64 --latent-mse ''
 ``--raw``: the preset's code world (generated there when missing: a minute for tiny, ~3 for small).
 """
@@ -104,6 +108,55 @@ def recon(vae: Any, clips: list[np.ndarray], latent_mse: float = 0.0, seed: int 
     return [decode_frames(vae, z) for z in zs]
 
 
+def patch_groups(clip: np.ndarray, patch: int = 16, group: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """A clip's frames (uint8 [1 + group·n, H, W, 3]) cut as the VAE's latents see them: frame 0 alone
+    and then ``group`` frames a latent, each into ``patch``×``patch`` squares; float rows in [0, 1]:
+    (first [H/p·W/p, p·p·3], rest [n·H/p·W/p, group·p·p·3])."""
+    t, h, w, _ = clip.shape
+    if (t - 1) % group or h % patch or w % patch:
+        raise ValueError(f"frames {clip.shape}: need 1 + {group}·n frames of sides divisible by {patch}")
+    x = clip.astype(np.float32) / 255.0
+
+    def cut(v: np.ndarray) -> np.ndarray:  # [g, T', H, W, 3] -> [g·H/p·W/p, T'·p·p·3]
+        g, tt = v.shape[:2]
+        v = v.reshape(g, tt, h // patch, patch, w // patch, patch, 3).transpose(0, 2, 4, 1, 3, 5, 6)
+        return v.reshape(g * (h // patch) * (w // patch), tt * patch * patch * 3)
+
+    return cut(x[None, :1]), cut(x[1:].reshape(-1, group, h, w, 3))
+
+
+def linear_code_recon(
+    train: list[np.ndarray], held: list[np.ndarray], k: int, max_rows: int = 60_000, seed: int = 0
+) -> list[np.ndarray]:
+    """``held`` through the best linear code of the VAE's shape: ``k`` numbers for each 16×16 square
+    of frame 0 and of each later 4 frames (PCA fitted on ``train``'s squares, at most ``max_rows`` of
+    them); a reference a fitted VAE of ``k`` channels ought to beat, needing no fit of its own."""
+    rng = np.random.default_rng(seed)
+    cuts = [patch_groups(c) for c in train]
+    bases = []
+    for part in (0, 1):  # frame 0's squares, then the 4-frame ones
+        x = np.concatenate([c[part] for c in cuts])
+        if len(x) > max_rows:
+            x = x[rng.choice(len(x), max_rows, replace=False)]
+        mean = x.mean(0)
+        xc = (x - mean).astype(np.float64)
+        _, vecs = np.linalg.eigh(xc.T @ xc)  # ascending: the last k span the best k-dim code
+        bases.append((mean, vecs[:, -k:].astype(np.float32)))
+    out = []
+    for clip in held:
+        _, h, w, _ = clip.shape
+        rows = []
+        for part, rows_in in enumerate(patch_groups(clip)):
+            mean, v = bases[part]
+            rows.append(mean + ((rows_in - mean) @ v) @ v.T)
+        frames = [  # the squares back in place: [g, H/p, W/p, T', p, p, 3] -> [g·T', H, W, 3]
+            r.reshape(-1, h // 16, w // 16, tt, 16, 16, 3).transpose(0, 3, 1, 4, 2, 5, 6).reshape(-1, h, w, 3)
+            for r, tt in zip(rows, (1, 4), strict=True)
+        ]
+        out.append((np.clip(np.concatenate(frames), 0, 1) * 255 + 0.5).astype(np.uint8))
+    return out
+
+
 def fit_vae(
     clips: list[np.ndarray],
     steps: int,
@@ -188,6 +241,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fits", default="160@16,480@16", help="STEPS@DIM or STEPS@DIM/DEC_DIM, comma-separated")
     ap.add_argument("--lr", type=float, default=None, help="the fits' learning rate (default the preset's)")
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
+    ap.add_argument(
+        "--linear",
+        default="",
+        help="K,K,...: rows of the best linear code of the VAE's shape, K numbers a latent (48: the VAE's)",
+    )
     ap.add_argument("--frames", type=int, default=17)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--screenshot", type=Path, action="append", default=[], help="a play-page PNG to score")
@@ -238,7 +296,12 @@ def main(argv: list[str] | None = None) -> None:
     row("truth (probe's own accuracy)", truth, truth, ids)
     torch.manual_seed(0)  # the random VAE of the row below: the same one every run
     row("tiny VAE, random (no fit)", recon(build_vae(tiny=True), truth), truth, ids)
-    train = train_clips(cfg) if fits else []
+    linear = [int(k) for k in args.linear.split(",") if k.strip()]
+    train = train_clips(cfg) if fits or linear else []
+    for k in linear:
+        t1 = time.perf_counter()
+        name = f"linear code, {k} numbers a latent (PCA of 16×16 px × 4 frames)"
+        row(name, linear_code_recon(train, truth, k), truth, ids, fit_s=round(time.perf_counter() - t1, 1))
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
     for i, (steps, dim, dec_dim) in enumerate(fits):
         vae, fit_s = fit_vae(train, steps, dim, cfg, dec_dim=dec_dim, device=args.device, lr=args.lr)
