@@ -78,8 +78,17 @@ class KeptCellsWorld:
 
 
 class DeployBackend:
-    def __init__(self, cfg: Gc25dConfig, vae: Any, device: Any, world: WorldConfig | None = None):
+    def __init__(
+        self,
+        cfg: Gc25dConfig,
+        vae: Any,
+        device: Any,
+        world: WorldConfig | None = None,
+        cuda_graphs: bool | None = None,
+    ):
+        """``cuda_graphs``: the sessions replay CUDA graphs (default: on a GPU; off: eagerly)."""
         self.cfg, self.vae, self.device = cfg, vae, device
+        self.cuda_graphs = torch.device(device).type == "cuda" if cuda_graphs is None else cuda_graphs
         self.world = world or WorldConfig()
         # the truth's world: the same run spec, ids (unused) on the CPU
         self.ref = self.world.model_copy(update={"renderer": "numpy"})
@@ -106,7 +115,7 @@ class DeployBackend:
             # decode off: eval.live.play_rows decodes a session's rows as one batch. CUDA graphs on a
             # GPU: the same kernels replayed, so the exact path's latents bit for bit
             # (tests/deploy/test_static_kv.py's gpu test) without a small model's host-bound launches
-            options=RuntimeOptions(decode=False, cuda_graphs=torch.device(self.device).type == "cuda"),
+            options=RuntimeOptions(decode=False, cuda_graphs=self.cuda_graphs),
         )
         world: Any = LiveWorld(self.world, self.cfg.geometry, device=self.device)
         if world.torch is None:  # the numpy renderer: a cell's ids cost more than its denoise

@@ -217,3 +217,28 @@ def test_an_eval_stopped_part_way_keeps_the_rows_it_finished(world, tmp_path):
         cfg, run_dir, StdoutReporter(rank=0), lambda vae, device: DeployBackend(cfg, vae, device)
     )
     assert again is not None and again.kept == ["stage1_tf/live240"] and again.computed == {"live240": 3}
+
+
+@pytest.mark.gpu
+def test_cuda_eval_sessions_replay_graphs_with_the_eager_paths_results(world):
+    """On CUDA the eval's sessions replay CUDA graphs: two scripts played from two starts, past a
+    full window and the RoPE cap, give the eager sessions' latents, ids and frames bit for bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from gc25d_core.models.vae import build_vae_for
+
+    root, cfg, _, _ = world
+    device = torch.device("cuda")
+    vae = build_vae_for(cfg, device)
+    (export,) = exports_of_handoff("stage1_tf", random_teacher(cfg, root, seed=5, causal=True), root)
+    scripts = [L.session_script(0, 30), L.session_script(1, 30)]
+    played, runtimes = {}, {}
+    for graphs in (False, True):
+        session = DeployBackend(cfg, vae, device, cuda_graphs=graphs).session(export.path, export.sha256)
+        played[graphs], runtimes[graphs] = L.play_rows(session, scripts), session.runtime
+    assert runtimes[False].graphed is None
+    assert runtimes[True].graphed is not None and runtimes[True].graphed.disabled is None
+    assert runtimes[True].graphed.replays >= 2 * 5 * 30  # every forward of both sessions' cells
+    for eager, graphed in zip(played[False], played[True], strict=True):
+        assert torch.equal(eager.latents, graphed.latents)
+        assert np.array_equal(eager.ids, graphed.ids) and np.array_equal(eager.frames, graphed.frames)
