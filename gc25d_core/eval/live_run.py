@@ -101,7 +101,8 @@ def run_live(
     tasks = [(e.label, s.name, kinds) for e, s in pending for kinds in TASK_KINDS]
     mine = shard(tasks, lambda t: sum(sweeps[t[1]].rollout_cells(k) for k in t[2]), world)[rank]
     metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
-    latents: dict[str, Any] = {}
+    latents: dict[str, Any] = {}  # per sweep, for every export this rank plays: the truth's encode
+    changed_truths: dict[str, np.ndarray] = {}  # and the changed script's truth
     done: dict[tuple[str, str, str], dict[str, Any]] = {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}  # single rank: each row as it is finished
     session, loaded = None, None
@@ -128,7 +129,9 @@ def run_live(
                 extra["truth_latent"] = latents[name]
                 extra["frame_metrics"] = metrics
             if kind == "changed":
-                extra["changed_truth"] = L.render_truth(backend, plays[name]["changed"]).frames
+                if name not in changed_truths:
+                    changed_truths[name] = L.render_truth(backend, plays[name]["changed"]).frames
+                extra["changed_truth"] = changed_truths[name]
             done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
             psnr = np.mean(done[label, name, kind]["psnr"])
             log(
