@@ -95,13 +95,11 @@ def session_frames(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np
 def ceiling_frames(args: argparse.Namespace, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(truth, the tiny VAE's reconstruction, ids) of the val clips' first 17 frames; with
     ``--linear K`` the reconstruction is the best linear code of K numbers a latent instead."""
-    from bench.quality.picture_study import fit_vae, held_out, recon, train_clips
+    from bench.quality.picture_study import fit_vae, held_out, linear_code_recon, recon, train_clips
     from gc25d_core.models.vae_fit import load_tiny_vae
 
     truth, ids = held_out(cfg, 17)
     if args.linear is not None:  # the best linear code of the VAE's shape (picture_study --linear)
-        from bench.quality.picture_study import linear_code_recon
-
         return (
             np.concatenate(truth),
             np.concatenate(linear_code_recon(train_clips(cfg), truth, args.linear)),

@@ -83,9 +83,9 @@ def run_live(
     keep: Callable[[tuple[str, str], dict[str, Any]], None] | None = None,
 ) -> dict[tuple[str, str], dict[str, Any]] | None:
     """The rows of ``pending`` (export, sweep) on rank 0 ({"sampler", "sweep", "strip"}), else None.
-    On a single rank each row goes to ``keep`` as soon as its rollouts are scored, so that a job
-    stopped part way (a device call's end) keeps the rows it finished; with several ranks the rows
-    exist only once rank 0 has gathered every rank's rollouts."""
+    Each row goes to ``keep`` once, as soon as it exists: on a single rank when its rollouts are
+    scored, so that a job stopped part way (a device call's end) keeps the rows it finished; with
+    several ranks on rank 0 once it has gathered every rank's rollouts."""
     rank, world = global_rank(), world_size()
     sweeps = {s.name: s for _, s in pending}
     exports = {e.label: e for e, _ in pending}
@@ -158,6 +158,8 @@ def run_live(
             rows[e.label, s.name] = live_row(
                 s, {k: every[e.label, s.name, k] for k in L.KINDS}, truths[s.name]
             )
+            if keep is not None:
+                keep((e.label, s.name), rows[e.label, s.name])
     return rows
 
 

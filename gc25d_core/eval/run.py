@@ -231,19 +231,20 @@ def run_eval(
     pending = [(e, ls) for e in unique for ls in live if (e.label, ls.name) in todo]
     if pending:
         assert live_backend is not None
-        stored: set[tuple[str, str]] = set()
-
-        def keep(k: tuple[str, str], row: dict[str, Any]) -> None:  # a finished row, kept at once
-            store.put(keys[k], row)
-            stored.add(k)
-
-        got = run_live(cfg, live_backend, vae, pending, run_dir, ecfg.psnr_cap_db, rep.log, keep)
+        got = run_live(
+            cfg,
+            live_backend,
+            vae,
+            pending,
+            run_dir,
+            ecfg.psnr_cap_db,
+            rep.log,
+            keep=lambda k, row: store.put(keys[k], row),  # each row stored as soon as it exists
+        )
         for e, ls in pending:
             computed[ls.name] += len(KINDS)
             if got is not None:
                 rows[e.label, ls.name] = got[e.label, ls.name]
-                if (e.label, ls.name) not in stored:
-                    store.put(keys[e.label, ls.name], got[e.label, ls.name])
     rep.log(f"computed {computed}; kept {len(kept)} rows of earlier runs")
     out = None
     if rank == 0:
