@@ -28,6 +28,7 @@ package's (the job passes it to ``eval.run.run_eval``).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -202,10 +203,13 @@ def render_truth(
     )
 
 
+POOL_MIN_FRAMES = 2000  # a session this long draws its truth in a process pool
+
+
 def truth_workers(num_frames: int, world_size: int) -> int:
     """Processes per rank for the truth's ray casts: one on a short session (a pool's start costs
     more than it saves), else this rank's share of the cores (at most 8)."""
-    if num_frames < 2000:
+    if num_frames < POOL_MIN_FRAMES:
         return 1
     return max(1, min(8, (os.cpu_count() or 1) // max(1, world_size)))
 
@@ -236,11 +240,15 @@ def play(session: Any, blocks: Sequence[np.ndarray]) -> Played:
 
 
 @torch.no_grad()
-def play_rows(session: Any, scripts: Sequence[Sequence[np.ndarray]]) -> list[Played]:
+def play_rows(
+    session: Any, scripts: Sequence[Sequence[np.ndarray]], times: dict[str, float] | None = None
+) -> list[Played]:
     """Rollouts of one session, each from its ``start`` (the anchor, the noise reseeded), with the
     session's decode off (``RuntimeOptions.decode``); the scripts of one length are then decoded
     as one batch (``runtime.decode_rows``): on a CPU the decode is most of a cell's time, and two
-    rows decode in about 0.6 of the time of two."""
+    rows decode in about 0.6 of the time of two. ``times`` gets the seconds of the two parts
+    (``play_s``, ``decode_s``)."""
+    t0 = time.perf_counter()
     rolled = []
     for blocks in scripts:
         session.start()
@@ -252,9 +260,12 @@ def play_rows(session: Any, scripts: Sequence[Sequence[np.ndarray]]) -> list[Pla
             latents.append(out.out.latent[0, :, 0].float().cpu())
         rolled.append((torch.stack(latents, dim=1), np.concatenate(ids)))
     anchor = session.anchor_latent[0].float().cpu()  # [48, 1, h, w]
+    t1 = time.perf_counter()
     frames: dict[int, np.ndarray] = {}
     for n in sorted({len(s) for s in scripts}):
         rows = [i for i, s in enumerate(scripts) if len(s) == n]
         decoded = session.runtime.decode_rows([torch.cat([anchor, rolled[i][0]], dim=1) for i in rows])
         frames.update(zip(rows, decoded, strict=True))
+    if times is not None:
+        times.update(play_s=t1 - t0, decode_s=time.perf_counter() - t1)
     return [Played(frames[i], lat, ids) for i, (lat, ids) in enumerate(rolled)]

@@ -3,14 +3,16 @@ task; the tasks go to the ranks longest first, each to the rank with the least w
 60 s rollout weighs 240 cells, the action probe's 39), so that two ranks finish together.
 
 The truth of a sweep is drawn once per job, its frames shared among the ranks (each ray-casts the
-frames f ≡ rank mod world into one memory-mapped file of the run folder); the VAE encodes it on the
-ranks that score an own rollout. A rank loads an export once and plays its tasks of it in turn
+frames f ≡ rank mod world into one memory-mapped file of the run folder; a long session's in a
+process pool beside the sessions, see ``Truths``); the VAE encodes it on the ranks that score an
+own rollout. A rank loads an export once and plays its tasks of it in turn
 (``LiveSession.start`` resets the world, the cache and the noise). Rank 0 gathers the scored
 rollouts (per-frame numbers, a few frames) and assembles each (export, sweep) row.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,30 +48,93 @@ def scripts(sweep: L.LiveSweep) -> dict[str, list[np.ndarray]]:
     return {"own": own, "other": L.session_script(sweep.script_seed + 1, sweep.cells), "changed": changed}
 
 
-def shared_truth(backend: L.LiveBackend, blocks: list[np.ndarray], path: Path) -> L.Truth:
-    """The truth's frames drawn by all ranks into ``path`` (a .npy memory map), read by all."""
-    from numpy.lib.format import open_memmap
+class Truths:
+    """The truths of the sweeps (each sweep's own script, and its changed script for a rank that
+    plays it), drawn by all ranks into one memory map per sweep in the run folder (each rank the
+    frames f ≡ rank mod world). Where the drawing takes a process pool (a long session) it runs
+    beside the sessions: a thread feeds the pool while this rank loads and plays its exports, and
+    ``get`` waits for it only when the first rollout is scored (a ten-minute session's truth is
+    minutes of ray casts on the CPU, its first rollout as long on the GPU)."""
 
-    rank, world = global_rank(), world_size()
-    states = backend.states(blocks[:0])
-    shape = (1 + 4 * len(blocks), *backend.rgb_frames(states, 1)[0].shape)
-    if rank == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        open_memmap(path, mode="w+", dtype=np.uint8, shape=shape).flush()
-    barrier()
-    out = open_memmap(path, mode="r+")
-    truth = L.render_truth(
-        backend,
-        blocks,
-        workers=L.truth_workers(shape[0], world),
-        frames_out=out,
-        rank=rank,
-        world_size=world,
-    )
-    out.flush()
-    barrier()
-    truth.frames = np.load(path, mmap_mode="r")
-    return truth
+    def __init__(
+        self,
+        backend: L.LiveBackend,
+        plays: dict[str, dict[str, list[np.ndarray]]],
+        changed_for: set[str],
+        run_dir: Path,
+        log: Callable[[str], None],
+    ):
+        from numpy.lib.format import open_memmap
+
+        self.rank, self.world = global_rank(), world_size()
+        self.backend, self.plays, self.log = backend, plays, log
+        self.paths = {n: run_dir / "live" / f"{n}_truth.npy" for n in sorted(plays)}
+        frame_shape = backend.rgb_frames(backend.states([]), 1)[0].shape
+        shapes = {n: (1 + 4 * len(plays[n]["own"]), *frame_shape) for n in self.paths}
+        if self.rank == 0:
+            for n, path in self.paths.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                open_memmap(path, mode="w+", dtype=np.uint8, shape=shapes[n]).flush()
+        barrier()
+        self._out = {n: open_memmap(path, mode="r+") for n, path in self.paths.items()}
+        self.workers = {n: L.truth_workers(shapes[n][0], self.world) for n in self.paths}
+        self._changed_for = changed_for
+        self._drawn: dict[str, L.Truth] = {}
+        self.changed: dict[str, np.ndarray] = {}
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._done: dict[str, L.Truth] | None = None
+        if any(w > 1 for w in self.workers.values()):
+            self._thread = threading.Thread(target=self._draw_guarded, name="live-truth", daemon=True)
+            self._thread.start()
+        else:  # one process: drawn here, before the sessions (a thread would share the GIL with them)
+            self._draw()
+
+    def _draw_guarded(self) -> None:
+        try:
+            self._draw()
+        except BaseException as e:  # raised again where the truth is asked for
+            self._error = e
+
+    def _draw(self) -> None:
+        for name, out in self._out.items():
+            t0 = time.perf_counter()
+            workers = self.workers[name]
+            self._drawn[name] = L.render_truth(
+                self.backend,
+                self.plays[name]["own"],
+                workers=workers,
+                frames_out=out,
+                rank=self.rank,
+                world_size=self.world,
+            )
+            out.flush()
+            if name in self._changed_for:
+                self.changed[name] = L.render_truth(
+                    self.backend, self.plays[name]["changed"], workers=workers
+                ).frames
+            where = " beside the sessions" if self._thread is not None else ""
+            self.log(
+                f"{name}: the truth's {len(out)} frames drawn in {time.perf_counter() - t0:.1f} s{where} "
+                f"({workers} process{'es' if workers > 1 else ''})"
+            )
+
+    def get(self) -> dict[str, L.Truth]:
+        """Every sweep's truth once all ranks have drawn their frames (every rank calls this, in
+        the same order of its other collectives: before its first scoring and before the gather)."""
+        if self._done is None:
+            if self._thread is not None:
+                t0 = time.perf_counter()
+                self._thread.join()
+                if time.perf_counter() - t0 > 1.0:
+                    self.log(f"waited {time.perf_counter() - t0:.1f} s for the truth")
+            if self._error is not None:
+                raise self._error
+            barrier()
+            for name, truth in self._drawn.items():
+                truth.frames = np.load(self.paths[name], mmap_mode="r")
+            self._done = self._drawn
+        return self._done
 
 
 def run_live(
@@ -90,19 +155,12 @@ def run_live(
     sweeps = {s.name: s for _, s in pending}
     exports = {e.label: e for e, _ in pending}
     plays = {name: scripts(s) for name, s in sweeps.items()}
-    truths = {}
-    for name in sorted(sweeps):
-        t0 = time.perf_counter()
-        truths[name] = shared_truth(backend, plays[name]["own"], run_dir / "live" / f"{name}_truth.npy")
-        log(
-            f"{name}: the truth's {len(truths[name].frames)} frames drawn in {time.perf_counter() - t0:.1f} s"
-        )
     assert sorted(k for kinds in TASK_KINDS for k in kinds) == sorted(L.KINDS)
     tasks = [(e.label, s.name, kinds) for e, s in pending for kinds in TASK_KINDS]
     mine = shard(tasks, lambda t: sum(sweeps[t[1]].rollout_cells(k) for k in t[2]), world)[rank]
+    truth_of = Truths(backend, plays, {name for _, name, kinds in mine if "changed" in kinds}, run_dir, log)
     metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
     latents: dict[str, Any] = {}  # per sweep, for every export this rank plays: the truth's encode
-    changed_truths: dict[str, np.ndarray] = {}  # and the changed script's truth
     done: dict[tuple[str, str, str], dict[str, Any]] = {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}  # single rank: each row as it is finished
     session, loaded = None, None
@@ -111,27 +169,30 @@ def run_live(
             t0 = time.perf_counter()
             session, loaded = backend.session(exports[label].path, exports[label].sha256), label
             log(f"{label}: session loaded and warmed up in {time.perf_counter() - t0:.1f} s")
-        sweep, truth = sweeps[name], truths[name]
+        sweep = sweeps[name]
         t0 = time.perf_counter()
-        played_rows = L.play_rows(session, [plays[name][kind] for kind in kinds])
+        split: dict[str, float] = {}
+        played_rows = L.play_rows(session, [plays[name][kind] for kind in kinds], split)
         cells = sum(len(plays[name][kind]) for kind in kinds)
         played_s = time.perf_counter() - t0
         log(
             f"{label} {name} {'+'.join(kinds)}: {cells} cells played and decoded in {played_s:.1f} s "
-            f"({1000 * played_s / cells:.0f} ms a cell)"
+            f"({1000 * played_s / cells:.0f} ms a cell: {1000 * split['play_s'] / cells:.0f} ms the "
+            f"session's steps, {1000 * split['decode_s'] / cells:.0f} ms the batched decode)"
         )
+        truth = truth_of.get()[name]
         for kind, played in zip(kinds, played_rows, strict=True):
             t0 = time.perf_counter()
             extra: dict[str, Any] = {}
             if kind == "own":
                 if name not in latents:
+                    t1 = time.perf_counter()
                     latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy
+                    log(f"{name}: the truth's VAE encode in {time.perf_counter() - t1:.1f} s")
                 extra["truth_latent"] = latents[name]
                 extra["frame_metrics"] = metrics
             if kind == "changed":
-                if name not in changed_truths:
-                    changed_truths[name] = L.render_truth(backend, plays[name]["changed"]).frames
-                extra["changed_truth"] = changed_truths[name]
+                extra["changed_truth"] = truth_of.changed[name]
             done[label, name, kind] = score_rollout(sweep, kind, played, truth, cap=cap, **extra)
             psnr = np.mean(done[label, name, kind]["psnr"])
             log(
@@ -142,6 +203,7 @@ def run_live(
             rows[label, name] = live_row(sweep, {k: done[label, name, k] for k in L.KINDS}, truth)
             if keep is not None:
                 keep((label, name), rows[label, name])
+    truths = truth_of.get()  # a rank with nothing to play still draws its share and meets the barrier
     parts: list[Any] | None = [done]
     if dist_active():
         import torch.distributed as dist

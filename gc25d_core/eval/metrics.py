@@ -21,6 +21,7 @@ NaN means "no value" here; ``json_safe`` writes it (and any ±inf) as JSON ``nul
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -103,9 +104,15 @@ def psnr_per_cell(
 
 
 def frame_diffs(frames: np.ndarray) -> np.ndarray:
-    """Mean |x_{f+1} − x_f| per consecutive pair, in [0, 1] units: [F − 1] float64."""
-    f = frames.astype(np.int16)
-    return np.abs(f[1:] - f[:-1]).mean(axis=(1, 2, 3)) / 255.0
+    """Mean |x_{f+1} − x_f| per consecutive pair, in [0, 1] units: [F − 1] float64. Exact integer
+    sums over chunks of frames: a ten-minute session's int16 copy of every frame at once would be
+    gigabytes (the sum of a pair is an integer below 2^53, so sum / n is the float64 mean)."""
+    n = int(np.prod(frames.shape[1:]))
+    out = np.empty(max(0, frames.shape[0] - 1), np.float64)
+    for i in range(0, out.shape[0], 64):
+        f = frames[i : i + 65].reshape(-1, n).astype(np.int16)
+        out[i : i + f.shape[0] - 1] = np.abs(f[1:] - f[:-1]).sum(axis=1, dtype=np.int64) / n
+    return out / 255.0
 
 
 def flicker(frames: np.ndarray, cells: Iterable[int]) -> dict[str, float]:
@@ -201,10 +208,19 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(num / den))
 
 
-def ssim_per_frame(gen: np.ndarray, gt: np.ndarray) -> list[float]:
+def ssim_per_frame(gen: np.ndarray, gt: np.ndarray, threads: int | None = None) -> list[float]:
+    """``ssim`` of each frame pair, over ``threads`` threads (default: the cores, at most 8):
+    OpenCV's filters and numpy's arithmetic on whole frames release the GIL, and each frame's value
+    is computed alone, so the threads give the serial values."""
     if gen.shape != gt.shape:
         raise ValueError(f"frames {gen.shape} / {gt.shape} differ")
-    return [ssim(g, t) for g, t in zip(gen, gt, strict=True)]
+    threads = threads or min(8, os.cpu_count() or 1)
+    if threads <= 1 or len(gen) < 2 * threads:
+        return [ssim(g, t) for g, t in zip(gen, gt, strict=True)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(ssim, gen, gt))
 
 
 def slope_per(xs: Sequence[float], ys: Sequence[float], per: float = 1.0) -> float:

@@ -139,8 +139,11 @@ class DeployBackend:
     def rgb_frames(self, states: Sequence[Any], workers: int) -> list[np.ndarray]:
         jobs = [(self.ref, self.cfg.geometry, s) for s in states]
         if workers > 1 and len(jobs) > 4 * workers:
+            import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            with ProcessPoolExecutor(workers) as pool:
+            # spawned, not forked: the eval draws the truth from a thread beside its sessions, and
+            # a fork of a process with other threads (CUDA's, the session's) can copy a held lock
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 return list(pool.map(_rgb_frame, jobs, chunksize=8))
         return [_rgb_frame(j) for j in jobs]

@@ -50,6 +50,19 @@ def test_an_offset_and_a_shifted_frame_drop_by_the_expected_amounts():
     assert math.isnan(M.slope_per([0, 1], [1.0, math.nan]))
 
 
+def test_long_videos_score_in_chunks_and_threads_with_the_whole_videos_values():
+    """PSNR and frame differences sum over chunks of 64 frames, SSIM runs on threads: each equals
+    the float64 formula over the whole video, value for value (130 frames: three chunks)."""
+    rng = np.random.default_rng(2)
+    a, b = (rng.integers(0, 256, (130, 20, 24, 3), dtype=np.uint8) for _ in range(2))
+    f = a.astype(np.int16)
+    assert np.array_equal(M.frame_diffs(a), np.abs(f[1:] - f[:-1]).mean(axis=(1, 2, 3)) / 255.0)
+    assert M.frame_diffs(a[:1]).shape == (0,)
+    d = a.astype(np.float64) - b
+    assert M.psnr_per_frame(a, b) == [M.psnr_from_mse(float(m)) for m in (d * d).mean(axis=(1, 2, 3))]
+    assert M.ssim_per_frame(a, b, threads=4) == [M.ssim(x, y) for x, y in zip(a, b, strict=True)]
+
+
 def test_the_script_walks_fights_and_comes_back():
     a, b = L.session_script(0, 240), L.session_script(0, 240)
     assert len(a) == 240 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
@@ -217,6 +230,39 @@ def test_an_eval_stopped_part_way_keeps_the_rows_it_finished(world, tmp_path):
         cfg, run_dir, StdoutReporter(rank=0), lambda vae, device: DeployBackend(cfg, vae, device)
     )
     assert again is not None and again.kept == ["stage1_tf/live240"] and again.computed == {"live240": 3}
+
+
+def test_a_long_sessions_truth_drawn_beside_the_sessions_gives_the_same_rows(world, tmp_path, monkeypatch):
+    """A long session's truth is drawn in a (spawned) process pool on a thread while the rank plays:
+    the rows equal those of the truth drawn first, in this process."""
+    import json
+
+    from gc25d_core.eval.live_run import run_live
+
+    root, cfg, _, vae = world
+    (export,) = exports_of_handoff("stage1_tf", random_teacher(cfg, root, seed=6, causal=True), root)
+    sweep = L.live_sweep("live240", cells=CELLS)
+    rows, logs = {}, {}
+    for pool in (False, True):
+        monkeypatch.setattr(L, "POOL_MIN_FRAMES", 1 if pool else 2000)
+        monkeypatch.setattr("os.cpu_count", lambda: 2)  # two processes whatever the machine
+        logs[pool] = []
+        rows[pool] = run_live(
+            cfg,
+            DeployBackend(cfg, vae, torch.device("cpu")),
+            vae,
+            [(export, sweep)],
+            tmp_path / str(pool),
+            M.PSNR_CAP_DB,
+            logs[pool].append,
+        )
+    assert any("beside the sessions (2 processes)" in line for line in logs[True]), logs[True]
+    assert not any("beside the sessions" in line for line in logs[False])
+    ((key, row),) = rows[True].items()
+    assert (
+        json.dumps(row["sweep"]) == json.dumps(rows[False][key]["sweep"])
+        and row["strip"] == rows[False][key]["strip"]
+    )
 
 
 @pytest.mark.gpu
