@@ -58,19 +58,27 @@ def torchrun(
     """``python -m torch.distributed.run --standalone`` with ``args`` from the repo root, all output
     into ``log``; (exit code, wall seconds). Past ``timeout`` seconds the launch's process group is
     ended (exit code 124), so one stuck run leaves the others their time."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     t0 = time.perf_counter()
-    with log.open("w") as f:
-        # its own process group only when it may have to be ended (else Ctrl-C reaches it as before)
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=timeout is not None
-        )
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_group(proc, 30)
-            rc = 124
+    # its own process group only when it may have to be ended (else Ctrl-C reaches it as before)
+    proc = start_torchrun(nproc, args, log, env, own_group=timeout is not None)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, 30)
+        rc = 124
     return rc, time.perf_counter() - t0
+
+
+def start_torchrun(
+    nproc: int, args: list[str], log: Path, env: dict[str, str], own_group: bool = False
+) -> subprocess.Popen[bytes]:
+    """``torchrun``'s launch without the wait: the process, all its output into ``log`` (standalone
+    rendezvous on a free port, so two launches can run side by side)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    with log.open("w") as f:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=own_group
+        )
 
 
 def exit_on_failed_runs(rcs: dict[str, int]) -> None:

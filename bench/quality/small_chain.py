@@ -14,6 +14,8 @@ Usage (GPU machine; one call per line, back to back on one warm machine):
     python -m bench.quality.small_chain --root /tmp/small --through stage3_dmd
     python -m bench.quality.small_chain --root /tmp/small --through fast_decoder   # deploy, fast decoder, levers' error
     python -m bench.quality.small_chain --root /tmp/small --through eval      # live2400 + the dataset sweeps
+With ``--through eval`` the exports that exist before stage 3 are evaluated beside its training
+(``EarlyEval``; ``--no-early-eval``: all after the deploy export).
 Smoke (here, CPU): python -m bench.quality.small_chain --root /tmp/small_smoke --smoke
 With a tiny VAE an earlier chain fitted (small_chain_gpu.sh brings it back): ``--vae FILE
 --vae-sha256 HEX`` in place of the fit (≈ 200 s less on the GPU; the code world is seeded, so its
@@ -26,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.quality import small_preset
-from bench.quality.small_preset import launch, phase
+from bench.quality.small_preset import launch, phase, start_launch
 
 PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "fast_decoder", "eval")
 # issue 34: the fast decoder distilled from the preset's VAE on its latents (the fast_decoder asset's
@@ -139,11 +143,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="comma-separated export labels to evaluate (e.g. sft,stage2_cd_ema,stage3_dmd_ema; default: all)",
     )
+    ap.add_argument(
+        "--no-early-eval",
+        action="store_true",
+        help="evaluate every export after the deploy export (default: the exports before the last "
+        "stage are evaluated beside its training)",
+    )
     small_preset.add_vae_options(ap)
     ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
 
+    from gc25d_core.eval.spec import EvalConfig
     from gc25d_core.handoff import read_handoff
     from gc25d_core.stages import STAGES
     from gc25d_core.train.presets import with_stage
@@ -164,9 +175,21 @@ def main(argv: list[str] | None = None) -> None:
     handoffs: dict[str, Path] = {"sft": pick_teacher(cfg, sft_run, args.smoke)}
     print(json.dumps({"phase": "pick", "teacher": str(handoffs["sft"])}), flush=True)
 
+    chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)
+    ecfg = EvalConfig(**{"teacher_window": cfg.timeline.num_cells, **chosen})
+    wanted = None if args.eval_labels is None else args.eval_labels.split(",")
+    early: EarlyEval | None = None
     for stage in STAGES[1:]:
         if PHASES.index(stage.name) > stop:
             return
+        if stage is STAGES[-1] and stop >= PHASES.index("eval") and not args.no_early_eval:
+            early = EarlyEval.start(
+                cfg,
+                runs_root / "eval" / f"{snapshot}-early",
+                version,
+                ecfg,
+                evaluated_exports(handoffs, runs_root, wanted),
+            )
         sec = _stage_section(stage.name, args.smoke, steps)
         sec["data"] = {**sec.get("data", {}), "manifest_version": version}
         for field, up in (("model", stage.init_from), ("real", stage.real_from)):
@@ -226,14 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     if stop < PHASES.index("eval"):
         return
 
-    from gc25d_core.eval.spec import INPUT_FILE, EvalConfig, EvalInput, exports_of_handoff, write_model
+    from gc25d_core.eval.spec import INPUT_FILE, EvalInput, exports_of_handoff, write_model
 
-    exports = [
-        e for s in STAGES if s.evaluated for e in exports_of_handoff(s.name, handoffs[s.name], runs_root)
-    ]
+    exports = evaluated_exports(handoffs, runs_root, None)
     exports += exports_of_handoff("deploy", deploy_run / "final.json", runs_root)
-    if args.eval_labels is not None:
-        wanted = args.eval_labels.split(",")
+    if wanted is not None:
         unknown = sorted(set(wanted) - {e.label for e in exports})
         if unknown:
             raise SystemExit(f"--eval-labels: {unknown} are not among {[e.label for e in exports]}")
@@ -241,16 +261,69 @@ def main(argv: list[str] | None = None) -> None:
     # the pictures first: a minute on the GPU, and what a device call that ends in the eval keeps
     if "pictures" not in args.skip:
         keep_pictures(args.root, cfg, deploy_run / "config.yaml", [e for e in exports if e.stage != "sft"])
+    if early is not None:
+        early.wait()
     eval_run = runs_root / "eval" / snapshot
     eval_run.mkdir(parents=True, exist_ok=True)
-    chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)
-    ecfg = EvalConfig(**{"teacher_window": cfg.timeline.num_cells, **chosen})
     write_model(eval_run, INPUT_FILE, EvalInput(manifest_version=version, eval=ecfg, exports=exports))
     t0 = time.perf_counter()
     launch("gc25d_core.jobs.eval", cfg, eval_run, cfg.distributed.nproc_per_node)
     phase("eval", t0, run_dir=str(eval_run))
     for report in sorted(eval_run.glob("*.md")):
         print(report.read_text(), flush=True)
+
+
+def evaluated_exports(handoffs: dict[str, Path], runs_root: Path, wanted: list[str] | None) -> list[Any]:
+    """The eval's exports of the stages handed off so far (``wanted``: these labels only)."""
+    from gc25d_core.eval.spec import exports_of_handoff
+    from gc25d_core.stages import STAGES
+
+    exports = [
+        e
+        for s in STAGES
+        if s.evaluated and s.name in handoffs
+        for e in exports_of_handoff(s.name, handoffs[s.name], runs_root)
+    ]
+    return [e for e in exports if wanted is None or e.label in wanted]
+
+
+class EarlyEval:
+    """The eval of the exports that exist before the last stage trains, beside that stage and the
+    deploy export (the GPU has room for both; each is host-bound at this size): it stores its rows
+    under their keys (export SHA256, sweep, eval code), so the final eval keeps them and computes
+    the last stage's alone. Should it fail, the final eval computes its rows."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], run_dir: Path, t0: float):
+        self.proc, self.run_dir, self.t0 = proc, run_dir, t0
+
+    @classmethod
+    def start(cls, cfg: Any, run_dir: Path, version: int, ecfg: Any, exports: list[Any]) -> EarlyEval | None:
+        from gc25d_core.eval.spec import INPUT_FILE, EvalInput, write_model
+
+        if not exports:
+            return None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=version, eval=ecfg, exports=exports))
+        t0 = time.perf_counter()
+        proc = start_launch("gc25d_core.jobs.eval", cfg, run_dir, cfg.distributed.nproc_per_node)
+        print(
+            json.dumps(
+                {"phase": "early_eval", "started": [e.label for e in exports], "run_dir": str(run_dir)}
+            ),
+            flush=True,
+        )
+        return cls(proc, run_dir, t0)
+
+    def wait(self) -> None:
+        rc = self.proc.wait()
+        phase("early_eval", self.t0, rc=rc, run_dir=str(self.run_dir))
+        if rc != 0:
+            log = self.run_dir / "torchrun.log"
+            print(log.read_text()[-4000:], file=sys.stderr)
+            print(
+                f"the early eval failed (rc {rc}, log {log}): the final eval computes its rows",
+                file=sys.stderr,
+            )
 
 
 def keep_pictures(root: Path, cfg: Any, preset: Path, exports: list[Any]) -> None:

@@ -37,7 +37,7 @@ if [ -e $RC ] || [ "${COLLECT:-0}" = 1 ]; then  # COLLECT=1: the reports so far,
     | tar -czf "$OUT/small_reports.tgz" --null -T -) 2>/dev/null
   cp /tmp/small/gc25d/models/tiny_vae.safetensors /tmp/small/pictures/*.npz "$OUT/" 2>/dev/null
   # the eval job's own log (its sessions' load, play and scoring times), the last 1 MB of it
-  for f in /tmp/small/runs/eval/*/torchrun.log; do [ -e "$f" ] && tail -c 1000000 "$f" > "$OUT/eval_torchrun.log"; done
+  for f in /tmp/small/runs/eval/*/torchrun.log; do [ -e "$f" ] && tail -c 1000000 "$f" > "$OUT/eval_$(basename "$(dirname "$f")")_torchrun.log"; done
   ls -la "$OUT"
   find "$OUT" -type f -size +16M -exec echo "=== too large to come back: {}" \;
 else
