@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import bench_env, start_torchrun, torchrun
+from bench.common import bench_env, start_torchrun
 
 
 def phase(name: str, t0: float, **extra: Any) -> None:
@@ -31,30 +31,22 @@ def phase(name: str, t0: float, **extra: Any) -> None:
 
 
 def launch(module: str, cfg: Any, run_dir: Path, nproc: int, extra: list[str] | None = None) -> None:
-    config = write_resolved_config(cfg, run_dir)
-    log = run_dir / "torchrun.log"
-    rc, wall = torchrun(
-        nproc,
-        ["-m", module, "--config", str(config), "--run-dir", str(run_dir), *(extra or [])],
-        log,
-        bench_env(),
-    )
+    rc = start_launch(module, cfg, run_dir, nproc, extra).wait()
     if rc != 0:
+        log = run_dir / "torchrun.log"
         print(log.read_text()[-6000:], file=sys.stderr)
         raise SystemExit(f"{module} failed (rc {rc}); log {log}")
 
 
-def start_launch(module: str, cfg: Any, run_dir: Path, nproc: int) -> subprocess.Popen[bytes]:
+def start_launch(
+    module: str, cfg: Any, run_dir: Path, nproc: int, extra: list[str] | None = None
+) -> subprocess.Popen[bytes]:
     """``launch`` without the wait (its log ``<run_dir>/torchrun.log``): a job beside the next one."""
-    config = write_resolved_config(cfg, run_dir)
-    argv = ["-m", module, "--config", str(config), "--run-dir", str(run_dir)]
-    return start_torchrun(nproc, argv, run_dir / "torchrun.log", bench_env())
-
-
-def write_resolved_config(cfg: Any, run_dir: Path) -> Path:
     from gc25d_core.config import write_resolved
 
-    return write_resolved(cfg, run_dir, "config.yaml")
+    config = write_resolved(cfg, run_dir, "config.yaml")
+    argv = ["-m", module, "--config", str(config), "--run-dir", str(run_dir), *(extra or [])]
+    return start_torchrun(nproc, argv, run_dir / "torchrun.log", bench_env())
 
 
 GIVEN_VAE = "given_tiny_vae.safetensors"  # under <data_root>/models: --vae's copy
