@@ -482,6 +482,23 @@ def accel_sft(name: str, limit: int) -> tuple[Action, ...]:
     )
 
 
+def deploy_loop(limit: int, pythonpath: tuple[str, ...] = ()) -> tuple[Action, ...]:
+    """bench/speed/deploy.py at full dims: the exact path (20 s of it, the reference) beside the
+    levers {1}; its log's tail."""
+    return (
+        Step(
+            py(
+                "-m bench.speed.deploy --device cuda --dims full --max-lever-s 150 --max-exact-s 20 "
+                "--levers=exact,{1} --out {OUT}/deploy.json"
+            ),
+            limit,
+            log="deploy.log",
+            pythonpath=pythonpath,
+        ),
+        Show("deploy.log", tail_chars=3000),
+    )
+
+
 def stages(name: str, limit: int, args: str, alloc: bool = False, fa4: bool = False) -> tuple[Action, ...]:
     """bench/speed/stages.py (world and exports in /tmp/stb): its log, JSON lines and run logs; ``alloc``:
     the CUDA allocator's expandable segments, ``fa4``: FlashAttention-4 on the path."""
@@ -516,18 +533,28 @@ SUITES: dict[str, Suite] = {
         "the live loop at full 5B dims (code world on the GPU, 240 cells of varied actions, every cell "
         "timed from cell 1): the exact path (at most 20 s of it: the reference) beside the levers {1} "
         "(default the bench's loop list, the CLI's fast path first); world ids vs the reference",
-        (
-            Step(
-                py(
-                    "-m bench.speed.deploy --device cuda --dims full --max-lever-s 150 --max-exact-s 20 "
-                    "--levers=exact,{1} --out {OUT}/deploy.json"
-                ),
-                560,
-                log="deploy.log",
-            ),
-            Show("deploy.log", tail_chars=3000),
-        ),
+        deploy_loop(560),
         defaults=(DEPLOY_LEVERS,),
+    ),
+    "deploy-fa4": Suite(
+        "nvidia-h200",
+        "after the three fa4-stage calls: FA4 installed, the KV-step attention alone (SDPA vs FA4 at "
+        "every window fill level), its GPU test (a graphed stream, FA4 vs SDPA), then the live loop as `deploy` runs it with the levers {1} "
+        "(default: the CLI's default beside it with --kv-attention fa4), FA4 on the path",
+        (
+            INSTALL_FA4,
+            Step(py("-m bench.speed.attention --kv"), 120, jsonl="attn_kv.jsonl", pythonpath=FA4_PATH),
+            Show("attn_kv.jsonl", width=400),
+            Step(
+                py(f"-m pytest -q {GPU_TESTS} -k fa4_kv_step -p no:cacheprovider"),
+                200,
+                log="pytest_fa4_kv.log",
+                pythonpath=FA4_PATH,
+            ),
+            Show("pytest_fa4_kv.log", tail=4),
+            *deploy_loop(480, pythonpath=FA4_PATH),
+        ),
+        defaults=("graphs_all_cstream_compile_fastdec_fp8,graphs_all_cstream_compile_fastdec_fp8_fa4kv",),
     ),
     "small": Suite(
         "nvidia-h200",

@@ -4,7 +4,8 @@
 # stop it), every call (this same command) waits up to WAIT seconds for it and shows its log, so
 # the chain runs through call boundaries without a resume. Should the chain die with a call, the
 # next call starts it again and it resumes from /tmp/small (every phase skips finished work).
-# Usage (device machine, repository root, `carry: [".whl"]`; call again within 30 s of the last):
+# Usage (device machine, repository root, `carry: [".whl"]`; call again within 30 s of the last,
+# with the same arguments: a machine gone cold between calls starts the chain again from them):
 #     WAIT=540 bash bench/quality/small_chain_gpu.sh [small_chain arguments]
 # RESTART=1: start it again after a failure; COLLECT=1: bring the reports back while it runs.
 # Its log and, once it is done, its reports come back under $OUT; a finished chain's exit status is the call's.
@@ -18,6 +19,12 @@ mkdir -p "$OUT"
 [ "${RESTART:-0}" = 1 ] && rm -f $RC  # after a failed run: start it again (it resumes)
 PID=/tmp/small_chain.pid
 if [ ! -e $RC ] && ! { [ -e $PID ] && kill -0 "$(cat $PID)" 2> /dev/null; }; then
+  # a call without arguments that finds no chain (the machine went cold between calls) would start
+  # another chain on the defaults: refuse (the preset's defaults on purpose: pass `--`)
+  if [ $# = 0 ]; then
+    echo "=== no chain here (a fresh machine?) and no arguments: repeat the first call's arguments (\`--\` for the defaults)" >&2
+    exit 2
+  fi
   echo "=== start $(date -u +%FT%TZ): $*" >> $LOG
   printf '%q ' python3 -m bench.quality.small_chain --root /tmp/small "$@" > /tmp/small_chain.cmd
   setsid nohup bash -c "$(cat /tmp/small_chain.cmd) >> $LOG 2>&1; echo \$? > $RC" < /dev/null > /dev/null 2>&1 &

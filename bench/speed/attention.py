@@ -12,8 +12,14 @@ kernels = flex attention (compiled, as GcDiT calls it) with the kernel options o
 (``flex_flash`` = flex's FlashAttention-4 CuTe backend, needs flash-attn-4), and SDPA with the dense
 boolean mask as the reference.
 
+``--kv``: the deploy's KV step instead, forward only: one query cell (390 tokens) over the static
+cache's buffers at each window fill level (``--kv-cells`` cached cells + its own; 19 = the steady
+state of sink 3 + window 17), the kernels the deploy can pick (SDPA's default, FA4); per fill level
+its time, and at the steady state a cell's worth (5 forwards x 30 blocks).
+
 Usage: python -m bench.speed.attention [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
        python -m bench.speed.attention --mask tf --kernels flex,flex_tma,sdpa_mask
+       python -m bench.speed.attention --kv [--kv-cells 1,4,8,12,16,19]
 """
 
 from __future__ import annotations
@@ -117,6 +123,53 @@ def time_fwd_bwd(
     return statistics.median(fwd), statistics.median(both), out.detach(), [x.grad.clone() for x in (q, k, v)]
 
 
+def time_fwd(fn: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, warmup: int, reps: int):
+    """(forward s median, the last output): no grad, as the deploy calls it."""
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + reps):
+            e0, e1 = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            e0.record()
+            out = fn(q, k, v)
+            e1.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(e0.elapsed_time(e1) / 1e3)
+    return statistics.median(times), out
+
+
+def kv_step(args: argparse.Namespace, table: dict[str, Attn]) -> None:
+    """The KV step's attention per fill level (see the module's docstring), one JSON line each."""
+    hd, n = args.heads * args.head_dim, args.tokens_per_cell
+    steady = max(int(c) for c in args.kv_cells.split(","))
+    for cells in (int(c) for c in args.kv_cells.split(",")):
+        q = torch.randn(1, n, hd, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, (cells + 1) * n, hd, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        flops = 4 * n * (cells + 1) * n * hd
+        ref = None
+        for name in args.kernels.split(","):
+            try:
+                t, out = time_fwd(table[name], q, k, v, args.warmup, args.reps)
+            except Exception as e:  # a kernel that cannot run here is reported, the others still run
+                print(json.dumps({"probe": "attn_kv", "kernel": name, "error": repr(e)[:400]}), flush=True)
+                continue
+            if ref is None:
+                ref = out.float()
+            row = {
+                "probe": "attn_kv",
+                "kernel": name,
+                "cached_cells": cells,
+                "q_tokens": n,
+                "kv_tokens": (cells + 1) * n,
+                "fwd_us": round(t * 1e6, 1),
+                "fwd_tflops": round(flops / t / 1e12, 1),
+                "out_rel_err_vs_first": round(((out.float() - ref).norm() / ref.norm()).item(), 5),
+            }
+            if cells == steady:  # a steady cell: 4 denoise forwards + the commit, 30 blocks each
+                row["per_cell_ms"] = round(t * 5 * 30 * 1e3, 2)
+            print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8190)
@@ -128,10 +181,16 @@ def main() -> None:
     p.add_argument("--mask", choices=("none", "tf"), default="none")
     p.add_argument("--cells", type=int, default=21, help="--mask tf: cells per half")
     p.add_argument("--tokens-per-cell", type=int, default=390)
+    p.add_argument("--kv", action="store_true", help="the deploy's KV step (forward only) instead")
+    p.add_argument("--kv-cells", default="1,4,8,12,16,19", help="--kv: cached cells per fill level")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
     torch.manual_seed(0)
+    if args.kv:
+        kernels_kv = "sdpa,fa4" if args.kernels == p.get_default("kernels") else args.kernels
+        kv_step(argparse.Namespace(**{**vars(args), "kernels": kernels_kv}), kernels(args.heads))
+        return
     hd = args.heads * args.head_dim
     allowed = 1.0
     if args.mask == "tf":

@@ -94,6 +94,7 @@ LEVERS = (
     "graphs_all_cstream_compile_fastdec",
     "graphs_all_cstream_compile_fp8",
     "graphs_all_cstream_compile_fastdec_fp8",
+    "graphs_all_cstream_compile_fastdec_fp8_fa4kv",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -192,6 +193,12 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
     options["graphs_all_cstream_compile_fastdec_fp8"] = {
         **options["graphs_all_cstream_compile_fastdec"],
         "fp8": True,
+    }
+    # that with FlashAttention-4 over the static KV buffers (--kv-attention fa4; needs flash-attn-4
+    # on the path: bench.suites deploy-fa4)
+    options["graphs_all_cstream_compile_fastdec_fp8_fa4kv"] = {
+        **options["graphs_all_cstream_compile_fastdec_fp8"],
+        "kv_attention": "fa4",
     }
     return options[name]
 

@@ -87,6 +87,14 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
         help="with --fp8: keep the linear layers matching this fnmatch pattern in bf16 (e.g. 'blocks.0.*')",
     )
     p.add_argument(
+        "--kv-attention",
+        choices=("sdpa", "fa4"),
+        default="sdpa",
+        help="the attention of each cell over the KV cache: PyTorch SDPA (default), or fa4: "
+        "FlashAttention-4 (the optional flash-attn-4 package, sm90+ GPU; models.fa4; needs the "
+        "static cache: CUDA's default path or --cuda-graphs, not --exact)",
+    )
+    p.add_argument(
         "--decode-stream",
         action="store_true",
         help="decode on a second CUDA stream while the next cell denoises (frames one cell later; "
@@ -179,6 +187,8 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
             "--exact contradicts --cuda-graphs / --fast-decode / --decode-graph / --decode-stream / "
             "--defer-commit"
         )
+    if args.kv_attention == "fa4" and args.exact:
+        raise ValueError("--kv-attention fa4 contradicts --exact (the exact path keeps SDPA)")
     if args.fold_commit and args.defer_commit:
         raise ValueError("--fold-commit contradicts --defer-commit (the commit goes one way)")
     if args.exact and args.compile:
@@ -209,6 +219,7 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         decoder=args.decoder,
         fp8=fp8,
         fp8_skip=tuple(args.fp8_skip),
+        kv_attention=args.kv_attention,
     )
 
 

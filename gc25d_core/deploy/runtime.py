@@ -14,7 +14,8 @@ decode and is not waited for: the same latents, the frames one commit sooner), `
 ``decode_dtype`` bf16 (a bf16 copy of the VAE) and ``decode_stream`` (the decode of cell k runs on a
 second CUDA stream while cell k + 1 denoises; frames then come out one cell later), ``fp8`` (FP8
 GEMMs in the blocks' linear layers, models.fp8; ``fp8_skip`` opts layers out) and ``decoder='fast'``
-(the fast_decoder asset's small decoder instead of the VAE's, models.fast_decoder).
+(the fast_decoder asset's small decoder instead of the VAE's, models.fast_decoder) and
+``kv_attention='fa4'`` (FlashAttention-4 over the static KV buffers, models.fa4).
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ class RuntimeOptions(Strict):
     )
     fp8_skip: tuple[str, ...] = Field(
         default=(), description="fnmatch patterns of linear layers kept in bf16 with fp8 (per-layer opt-out)"
+    )
+    kv_attention: Literal["sdpa", "fa4"] = Field(
+        default="sdpa",
+        description="the attention of each cell over the static KV buffers: PyTorch SDPA, or "
+        "FlashAttention-4 (the optional flash-attn-4 package, sm90+ GPU, static_kv / cuda_graphs; "
+        "models.fa4)",
     )
 
 
@@ -242,6 +249,16 @@ class DeployRuntime:
             from gc25d_core.models.fp8 import apply_fp8
 
             self.fp8_layers = apply_fp8(model, opts.fp8_skip)
+        static_attention = None
+        if opts.kv_attention == "fa4":
+            from gc25d_core.models.fa4 import check_fa4, fa4_attention
+
+            if not (opts.static_kv or opts.cuda_graphs):
+                raise ValueError(
+                    "kv_attention='fa4' runs over the static KV buffers (static_kv or cuda_graphs)"
+                )
+            check_fa4(self.device, "kv_attention='fa4'")
+            static_attention = fa4_attention
         if opts.compile:
             # the KV attention eager: one compiled body for every block and window fill level
             model.enable_compile(
@@ -307,6 +324,7 @@ class DeployRuntime:
             fold_commit=opts.fold_commit,
             static_kv=opts.static_kv or opts.cuda_graphs,
             defer_commit=opts.defer_commit,
+            static_attention=static_attention,
         )
         self.generator = torch.Generator(self.device).manual_seed(opts.seed)
         self.timing = False

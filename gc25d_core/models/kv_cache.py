@@ -277,6 +277,9 @@ class StaticKVCache(KVCache):
         self._gather: dict[tuple[int, ...], torch.Tensor] = {}
         self._tables: tuple[int, tuple[int, ...]] | None = None
         self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
+        # the attention of a query cell over the buffers ([B, L, H*D] q, k, v, heads): PyTorch SDPA,
+        # or FlashAttention-4 (``models.fa4.fa4_attention``, the deploy's ``kv_attention='fa4'``)
+        self.attn_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] = sdpa
         self.grid_key: tuple[Any, ...] | None = None  # (latent hw, device, dtype) a streamer reuses it for
 
     def reset(self) -> None:
@@ -408,7 +411,7 @@ class StaticKVCache(KVCache):
         if commit:
             k_raw[:, lo : lo + n].copy_(k)
             self._pending[layer] = (k_raw, v_buf)
-        return sdpa(qr, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
+        return self.attn_fn(qr, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
 
     # -- the folded commit on the buffers (deploy; a CUDA graph per fill level: models.kv_graphs)
 
@@ -456,7 +459,7 @@ class StaticKVCache(KVCache):
         qb = apply_rope(q[:, n:], self.cos_qn, self.sin_qn, h)
         k_rot[:, lo : lo + n].copy_(apply_rope(k[:, n:], self.cos_qn, self.sin_qn, h))
         v_buf[:, lo : lo + n].copy_(v[:, n:])
-        out_b = sdpa(qb, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
+        out_b = self.attn_fn(qb, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
         return torch.cat([out_a, out_b], dim=1)
 
     def end_fold(self) -> None:

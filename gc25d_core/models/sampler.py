@@ -180,6 +180,8 @@ class CausalStreamer:
         static_kv: bool = False,
         checkpoint: bool = False,
         defer_commit: bool = False,
+        static_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+        | None = None,
     ):
         """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
         its shards there); default the model itself. The cache is always the model's.
@@ -192,7 +194,9 @@ class CausalStreamer:
         forward to ``commit()`` — the runtime calls it after the cell's decode, so the frames are
         not held behind it and the host's next world step overlaps it on the device — or to the
         next ``step``, which runs a pending commit first. The same forwards on the same inputs in
-        the same order on the cache: the same latents as committing at once."""
+        the same order on the cache: the same latents as committing at once.
+        ``static_attention`` (with ``static_kv``): the static cache's attention kernel in place of
+        SDPA (``StaticKVCache.attn_fn``; deploy's FlashAttention-4), set when the cache is made."""
         if fold_commit and defer_commit:
             raise ValueError("fold_commit and defer_commit do not combine (the commit goes one way)")
         self.model, self.spec, self.timesteps = model, spec, tuple(float(t) for t in timesteps)
@@ -201,6 +205,9 @@ class CausalStreamer:
         self.static_kv = static_kv
         self.checkpoint = checkpoint
         self.defer_commit = defer_commit
+        if static_attention is not None and not static_kv:
+            raise ValueError("static_attention is the static cache's kernel (static_kv)")
+        self.static_attention = static_attention
         self.cache: KVCache | None = None
         self.next_cell = 0
         self.pending: FoldedCommit | None = None
@@ -223,6 +230,8 @@ class CausalStreamer:
                 )
                 assert isinstance(c, StaticKVCache)
                 c.grid_key = (tuple(anchor.shape[-2:]), anchor.device, anchor.dtype)
+                if self.static_attention is not None:
+                    c.attn_fn = self.static_attention
             self.cache = c
         else:
             self.cache = self.model.new_kv_cache(self.spec, anchor.shape[-2:])

@@ -24,22 +24,25 @@ def streamed_rollout(
     num_cells: int,
     seed: int = 0,
     streamer: CausalStreamer | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
     **streamer_options: Any,
 ):
     """(x0 of cells 1.., the streamer's cache). With ``fold_commit`` the last cell's commit is still
     pending after its step: it runs as a plain commit, so both caches hold every committed cell.
-    ``streamer``: run this one's next session (a static cache is then reused)."""
+    ``streamer``: run this one's next session (a static cache is then reused). ``device`` /
+    ``dtype``: the inputs' (the model's), drawn on the CPU and moved there (the same draws)."""
     g = torch.Generator().manual_seed(seed)
-    anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g)
-    bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g)
-    index = torch.randint(0, 5, (1, num_cells), generator=g)
-    ids = random_ids(1 + 4 * (num_cells - 1), seed)
+    anchor = torch.randn(1, 48, 1, *LATENT_HW, generator=g).to(device, dtype)
+    bank = torch.randn(1, 5, TEXT_LEN, TEXT_DIM, generator=g).to(device, dtype)
+    index = torch.randint(0, 5, (1, num_cells), generator=g).to(device)
+    ids = random_ids(1 + 4 * (num_cells - 1), seed).to(device)
     text = TextContext.build(bank, index)
     if streamer is None:
         streamer = CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, **streamer_options)
     with torch.no_grad():
         streamer.start(anchor, text.select(index[:, :1]), ids[:, cell_frame_slice(0)])
-        gen = torch.Generator().manual_seed(seed + 1)
+        gen = torch.Generator(device).manual_seed(seed + 1)
         out = [
             streamer.step(text.select(index[:, c : c + 1]), ids[:, cell_frame_slice(c)], generator=gen)
             for c in range(1, num_cells)

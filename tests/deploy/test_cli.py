@@ -123,6 +123,9 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
         opts("--no-fp8", "--fp8-skip", "blocks.0.*", cuda=True)
     with pytest.raises(ValueError, match="--exact contradicts --fp8"):
         opts("--exact", "--fp8", cuda=True)
+    assert fast.kv_attention == "sdpa" and opts("--kv-attention", "fa4", cuda=True).kv_attention == "fa4"
+    with pytest.raises(ValueError, match="--kv-attention fa4 contradicts --exact"):
+        opts("--exact", "--kv-attention", "fa4", cuda=True)
     stream = opts("--decode-stream", cuda=True)
     assert stream.decode_stream and not stream.decode_graph  # the pair is not measured
     assert stream.defer_commit and not stream.commit_stream  # nor the two side streams together

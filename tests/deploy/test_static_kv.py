@@ -41,6 +41,45 @@ def test_static_cache_equals_the_kv_cache_exactly(spec):
         assert torch.equal(kv[0], ref_kv[0]) and torch.equal(kv[1], ref_kv[1])
 
 
+def test_the_static_cache_attends_through_its_kernel_and_the_streamer_sets_it():
+    """``static_attention`` (deploy's FlashAttention-4 hook) is the kernel of every query cell's
+    attention over the buffers, the folded commit's too: a counting SDPA gives SDPA's cells."""
+    from gc25d_core.models.causal import sdpa
+
+    model = make_model(seed=0)
+    spec = CausalConfig(sink=1, window=3, rope_cap=4)
+    calls = []
+
+    def counted(q, k, v, num_heads):
+        calls.append(k.shape[1])
+        return sdpa(q, k, v, num_heads)
+
+    for fold in (False, True):
+        calls.clear()
+        ref, _ = streamed_rollout(model, spec, 9, static_kv=True, fold_commit=fold)
+        got, cache = streamed_rollout(
+            model, spec, 9, static_kv=True, fold_commit=fold, static_attention=counted
+        )
+        assert isinstance(cache, StaticKVCache) and cache.attn_fn is counted
+        assert torch.equal(got, ref)
+        # every layer of every forward but the anchor's prefill (which the cache also attends)
+        assert len(calls) >= len(model.blocks) * (4 * 8) and len(set(calls)) > 1  # every fill level
+    with pytest.raises(ValueError, match="static_attention"):
+        CausalStreamer(model, spec, DEPLOY_AXIS.timesteps, static_attention=counted)
+
+
+def test_a_session_asking_for_fa4_refuses_naming_what_is_missing(tiny_export, deploy_cfg):
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+
+    with pytest.raises(ValueError, match="kv_attention='fa4' runs over the static KV buffers"):
+        open_session(tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(kv_attention="fa4"))
+    with pytest.raises(RuntimeError, match="kv_attention='fa4' needs a CUDA device"):
+        open_session(
+            tiny_export, deploy_cfg, device="cpu", options=RuntimeOptions(kv_attention="fa4", static_kv=True)
+        )
+
+
 def test_static_cache_steady_only_at_a_full_window_past_the_cap():
     model = make_model(seed=0)
     _, cache = streamed_rollout(model, DEPLOY_CAUSAL, 12, static_kv=True)

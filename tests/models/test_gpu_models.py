@@ -165,3 +165,39 @@ def test_cuda_flex_flash_backend_matches_sdpa_teacher_forcing_forward_and_backwa
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
     rel = (grads[1] - grads[0]).norm() / grads[0].norm()
     assert rel < 2e-2, rel
+
+
+@pytest.mark.fa4
+def test_cuda_fa4_kv_step_under_graphs_matches_sdpa():
+    """FlashAttention-4 as the static KV cache's attention (deploy's ``--kv-attention fa4``): a bf16
+    stream of 26 cells (past a full window and the RoPE cap, so every fill level) with its forwards
+    replayed as CUDA graphs, against the same stream with SDPA: every forward replayed, the latents
+    within bf16 rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gc25d_core.flow import DEPLOY_AXIS
+    from gc25d_core.models.causal import sdpa
+    from gc25d_core.models.fa4 import check_fa4, fa4_attention
+    from gc25d_core.models.kv_graphs import GraphedKVForward
+    from gc25d_core.models.sampler import CausalStreamer
+    from tests.deploy.rollout import streamed_rollout
+
+    check_fa4("cuda")
+    model = make_model(seed=8, dim=256, num_heads=2).cuda().to(torch.bfloat16)
+    spec = CausalConfig(sink=1, window=3, rope_cap=4)
+    outs, runners = [], []
+    for attention in (None, fa4_attention):
+        graphed = GraphedKVForward(model)
+        streamer = CausalStreamer(
+            model, spec, DEPLOY_AXIS.timesteps, forward=graphed, static_kv=True, static_attention=attention
+        )
+        x0, cache = streamed_rollout(model, spec, 26, streamer=streamer, device="cuda", dtype=torch.bfloat16)
+        assert cache.attn_fn is (attention or sdpa)
+        outs.append(x0.float())
+        runners.append(graphed)
+    for graphed in runners:
+        assert graphed.disabled is None and graphed.replays > 0
+    assert runners[1].replays == runners[0].replays
+    rel = (outs[1] - outs[0]).norm() / outs[0].norm()
+    print(f"fa4 vs sdpa KV step under graphs: relative latent error {rel:.5f}")
+    assert rel < 2e-2, rel
