@@ -546,7 +546,7 @@ SUITES: dict[str, Suite] = {
             Step(py("-m bench.speed.attention --kv"), 120, jsonl="attn_kv.jsonl", pythonpath=FA4_PATH),
             Show("attn_kv.jsonl", width=400),
             Step(
-                py(f"-m pytest -q {GPU_TESTS} -k fa4_kv_step -p no:cacheprovider"),
+                py(f"-m pytest -q -m fa4 {GPU_TESTS} -k fa4_kv_step -p no:cacheprovider"),
                 200,
                 log="pytest_fa4_kv.log",
                 pythonpath=FA4_PATH,

@@ -39,8 +39,8 @@ def sdpa(heads: int, backend: object | None) -> Attn:
     """[B, S, H*D] in and out, through SDPA's [B, H, S, D] layout (GcDiT's sdpa path)."""
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, s, hd = q.shape
-        q4, k4, v4 = (x.view(b, s, heads, hd // heads).transpose(1, 2) for x in (q, k, v))
+        b, s, hd = q.shape  # k, v may be longer (--kv: the cached cells' keys too)
+        q4, k4, v4 = (x.view(b, x.shape[1], heads, hd // heads).transpose(1, 2) for x in (q, k, v))
         if backend is None:
             out = F.scaled_dot_product_attention(q4, k4, v4)
         else:
