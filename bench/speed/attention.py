@@ -14,7 +14,7 @@ boolean mask as the reference.
 
 ``--kv``: the deploy's KV step instead, forward only: one query cell (390 tokens) over the static
 cache's buffers at each window fill level (``--kv-cells`` cached cells + its own; 19 = the steady
-state of sink 3 + window 17), the kernels the deploy can pick (SDPA's default, FA4); per fill level
+state of sink 3 + window 17), SDPA (its default pick, its flash and cuDNN kernels) and FA4; per fill level
 its time, and at the steady state a cell's worth (5 forwards x 30 blocks).
 
 Usage: python -m bench.speed.attention [--seq 8190] [--reps 20] [--kernels sdpa,sdpa_flash,fa4]
@@ -188,7 +188,9 @@ def main() -> None:
         p.error("needs a CUDA device")
     torch.manual_seed(0)
     if args.kv:
-        kernels_kv = "sdpa,fa4" if args.kernels == p.get_default("kernels") else args.kernels
+        kernels_kv = (
+            "sdpa,sdpa_flash,sdpa_cudnn,fa4" if args.kernels == p.get_default("kernels") else args.kernels
+        )
         kv_step(argparse.Namespace(**{**vars(args), "kernels": kernels_kv}), kernels(args.heads))
         return
     hd = args.heads * args.head_dim
