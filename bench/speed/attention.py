@@ -138,16 +138,17 @@ def time_fwd(fn: Attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, warmup
     return statistics.median(times), out
 
 
-def kv_step(args: argparse.Namespace, table: dict[str, Attn]) -> None:
-    """The KV step's attention per fill level (see the module's docstring), one JSON line each."""
+def kv_step(args: argparse.Namespace, table: dict[str, Attn], names: list[str]) -> None:
+    """The KV step's attention per fill level (see the module's docstring) with the kernels
+    ``names``, one JSON line each."""
     hd, n = args.heads * args.head_dim, args.tokens_per_cell
-    steady = max(int(c) for c in args.kv_cells.split(","))
-    for cells in (int(c) for c in args.kv_cells.split(",")):
+    levels = [int(c) for c in args.kv_cells.split(",")]
+    for cells in levels:
         q = torch.randn(1, n, hd, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(1, (cells + 1) * n, hd, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         flops = 4 * n * (cells + 1) * n * hd
         ref = None
-        for name in args.kernels.split(","):
+        for name in names:
             try:
                 t, out = time_fwd(table[name], q, k, v, args.warmup, args.reps)
             except Exception as e:  # a kernel that cannot run here is reported, the others still run
@@ -165,7 +166,7 @@ def kv_step(args: argparse.Namespace, table: dict[str, Attn]) -> None:
                 "fwd_tflops": round(flops / t / 1e12, 1),
                 "out_rel_err_vs_first": round(((out.float() - ref).norm() / ref.norm()).item(), 5),
             }
-            if cells == steady:  # a steady cell: 4 denoise forwards + the commit, 30 blocks each
+            if cells == max(levels):  # a steady cell: 4 denoise forwards + the commit, 30 blocks each
                 row["per_cell_ms"] = round(t * 5 * 30 * 1e3, 2)
             print(json.dumps(row), flush=True)
 
@@ -187,11 +188,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
     torch.manual_seed(0)
-    if args.kv:
-        kernels_kv = (
-            "sdpa,sdpa_flash,sdpa_cudnn,fa4" if args.kernels == p.get_default("kernels") else args.kernels
-        )
-        kv_step(argparse.Namespace(**{**vars(args), "kernels": kernels_kv}), kernels(args.heads))
+    if args.kv:  # --kernels as for the full sequence (default: SDPA's pick, its flash and cuDNN, FA4)
+        kv_step(args, kernels(args.heads), args.kernels.split(","))
         return
     hd = args.heads * args.head_dim
     allowed = 1.0

@@ -238,6 +238,16 @@ class DeployRuntime:
         self.cuda = self.device.type == "cuda"
         if opts.fused_rmsnorm:
             model.use_fused_rmsnorm(True)
+        static_attention = None
+        if opts.kv_attention == "fa4":
+            from gc25d_core.models.fa4 import check_fa4, fa4_attention
+
+            if not (opts.static_kv or opts.cuda_graphs):
+                raise ValueError(
+                    "kv_attention='fa4' runs over the static KV buffers (static_kv or cuda_graphs)"
+                )
+            check_fa4(self.device, "kv_attention='fa4'")
+            static_attention = fa4_attention
         self.fp8_layers: list[str] = []
         self.fp8_choice = "fp8 on (asked for)" if opts.fp8 is True else "fp8 off"
         if opts.fp8 == "auto":
@@ -249,16 +259,6 @@ class DeployRuntime:
             from gc25d_core.models.fp8 import apply_fp8
 
             self.fp8_layers = apply_fp8(model, opts.fp8_skip)
-        static_attention = None
-        if opts.kv_attention == "fa4":
-            from gc25d_core.models.fa4 import check_fa4, fa4_attention
-
-            if not (opts.static_kv or opts.cuda_graphs):
-                raise ValueError(
-                    "kv_attention='fa4' runs over the static KV buffers (static_kv or cuda_graphs)"
-                )
-            check_fa4(self.device, "kv_attention='fa4'")
-            static_attention = fa4_attention
         if opts.compile:
             # the KV attention eager: one compiled body for every block and window fill level
             model.enable_compile(

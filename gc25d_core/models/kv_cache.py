@@ -234,6 +234,10 @@ class KVCache:
         self._pending.clear()
 
 
+# an attention kernel of [B, L, H*D] q, k, v and the head count (``sdpa``, ``models.fa4.fa4_attention``)
+CellAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
 class StaticKVCache(KVCache):
     """The KVCache rule on preallocated per-layer buffers (deploy; CUDA-graph friendly).
 
@@ -279,7 +283,7 @@ class StaticKVCache(KVCache):
         self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
         # the attention of a query cell over the buffers ([B, L, H*D] q, k, v, heads): PyTorch SDPA,
         # or FlashAttention-4 (``models.fa4.fa4_attention``, the deploy's ``kv_attention='fa4'``)
-        self.attn_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] = sdpa
+        self.attn_fn: CellAttention = sdpa
         self.grid_key: tuple[Any, ...] | None = None  # (latent hw, device, dtype) a streamer reuses it for
 
     def reset(self) -> None:

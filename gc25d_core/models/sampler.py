@@ -15,7 +15,7 @@ import torch
 
 from gc25d_core.flow import axis_sigma, noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
-from gc25d_core.models.kv_cache import KVCache, StaticKVCache
+from gc25d_core.models.kv_cache import CellAttention, KVCache, StaticKVCache
 
 if TYPE_CHECKING:
     from gc25d_core.models.gcdit import GcDiT, TextContext
@@ -180,8 +180,7 @@ class CausalStreamer:
         static_kv: bool = False,
         checkpoint: bool = False,
         defer_commit: bool = False,
-        static_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-        | None = None,
+        static_attention: CellAttention | None = None,
     ):
         """``forward``: what runs the model's forwards (a training engine's wrapper: FSDP gathers
         its shards there); default the model itself. The cache is always the model's.
