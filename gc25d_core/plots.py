@@ -35,6 +35,18 @@ def _tick(v: float) -> str:
     return f"{v:.3g}" if abs(v) < 1e5 else f"{v:.2e}"
 
 
+def nice_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
+    """Tick values in [lo, hi] at a round step (1, 2, 2.5 or 5 × 10^k) giving about ``target``
+    ticks, so the axis reads 100, 200, … rather than the range cut in equal parts (30, 84, 138, …)."""
+    if not hi > lo:
+        return [lo]
+    raw = (hi - lo) / target
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * (1 - 1e-9))
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [round(k * step, 12) for k in range(first, last + 1)]
+
+
 def line_plot_png(
     series: Mapping[str, Sequence[float | None]],
     title: str,
@@ -76,20 +88,19 @@ def line_plot_png(
 
     font, grey = cv2.FONT_HERSHEY_SIMPLEX, (90, 90, 90)
     cv2.rectangle(img, (left, top), (left + pw, top + ph), grey, 1)
-    for k in range(5):
-        v = lo + (hi - lo) * k / 4
-        y = int(round(top + (1 - k / 4) * ph))
+    # a log axis keeps five evenly spaced ticks (its values are powers); a linear one round values
+    y_ticks = [lo + (hi - lo) * k / 4 for k in range(5)] if log_y else nice_ticks(lo, hi, 5)
+    for v in y_ticks:
+        y = int(round(top + (1 - (v - lo) / (hi - lo)) * ph))
         cv2.line(img, (left - 4, y), (left, y), grey, 1)
         cv2.putText(img, _tick(10**v if log_y else v), (4, y + 4), font, 0.38, grey, 1, cv2.LINE_AA)
     integer_x = all(float(v).is_integer() for v in all_x)
-    num_ticks = min(10, max(1, int(x_hi - x_lo) + 1)) if integer_x else 5
-    for k in range(num_ticks + 1):
-        xv = x_lo + (x_hi - x_lo) * k / num_ticks
-        if integer_x and not xv.is_integer():
+    for xv in nice_ticks(x_lo, x_hi):
+        if integer_x and not xv.is_integer():  # cells, steps: no tick between two of them
             continue
         xp = px(xv)
         cv2.line(img, (xp, top + ph), (xp, top + ph + 4), grey, 1)
-        label = str(int(xv)) if integer_x else _tick(xv)
+        label = str(int(xv)) if xv.is_integer() else _tick(xv)
         cv2.putText(img, label, (xp - 4 * len(label), top + ph + 18), font, 0.38, grey, 1, cv2.LINE_AA)
     cv2.putText(img, ascii_text(title), (left, 20), font, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
     cv2.putText(img, ascii_text(f"{xlabel} / {ylabel}"), (left, h - 8), font, 0.4, grey, 1, cv2.LINE_AA)

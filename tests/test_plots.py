@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from gc25d_core.plots import decode_png, line_plot_png, stack_png
+from gc25d_core.plots import decode_png, line_plot_png, nice_ticks, stack_png
 from gc25d_core.train.metrics import curves_png
 
 
@@ -39,3 +39,11 @@ def test_stack_pads_to_the_widest_panel():
     b = line_plot_png({"x": [1, 2]}, "b", "y", size=(200, 120))
     rgb = decode_png(stack_png([a, b]))
     assert rgb.shape == (220, 300, 3) and np.all(rgb[150, 250] == 255)
+
+
+def test_axis_ticks_fall_on_round_values_inside_the_range():
+    assert nice_ticks(30, 570) == [100, 200, 300, 400, 500]  # a live sweep's segment middles, in s
+    assert nice_ticks(0, 27) == [0, 5, 10, 15, 20, 25]  # cells
+    assert nice_ticks(13.91, 16.52, 5) == [14.0, 15.0, 16.0]  # PSNR in dB
+    assert nice_ticks(0.0012, 0.0031, 4) == [0.0015, 0.002, 0.0025, 0.003]
+    assert nice_ticks(2.0, 2.0) == [2.0]
