@@ -522,6 +522,20 @@ def _config_error(err: ValidationError, source: str, origins: Mapping[str, str])
     return "\n".join(by_override + head)
 
 
+def _over_stage_presets(data: Mapping[str, Any], tree: dict[str, Any], name: str) -> dict[str, Any]:
+    """``tree`` with each stage section it overrides laid over that stage's preset file of the same
+    name (configs/<stage>/<name>.yaml), where the preset YAML has no such section of its own: a
+    stage's section is its preset file plus what the user changed (``sft.max_steps=500``), as the
+    stage asset builds it, not the section's bare defaults."""
+    out = dict(tree)
+    for stage in STAGES:
+        given = tree.get(stage.name)
+        stage_file = CONFIGS_DIR / stage.preset_folder / f"{name}.yaml"
+        if isinstance(given, dict) and data.get(stage.name) is None and stage_file.is_file():
+            out[stage.name] = deep_merge(read_yaml(stage_file), given)
+    return out
+
+
 def load_config(
     preset: str | os.PathLike[str] = "tiny",
     overrides: list[str] | tuple[str, ...] | dict[str, Any] | None = None,
@@ -533,10 +547,8 @@ def load_config(
     the user wrote it; by default the overrides themselves), not as the preset file."""
     path = preset_path(preset)
     data = _resolve_relative(read_yaml(path), path.parent)
-    if isinstance(overrides, dict):
-        data = deep_merge(data, overrides)
-    elif overrides:
-        data = deep_merge(data, parse_overrides(overrides))
+    tree = overrides if isinstance(overrides, dict) else parse_overrides(overrides) if overrides else {}
+    data = deep_merge(data, _over_stage_presets(data, tree, path.stem))
     try:
         return Gc25dConfig.model_validate(data)
     except ValidationError as e:

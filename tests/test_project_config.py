@@ -68,8 +68,10 @@ def test_a_data_root_the_user_names_must_exist(tmp_path):
         assert f"paths.data_root {missing} is not an existing folder" in msg
     assert not missing.parent.exists()  # nothing was created
     missing.mkdir(parents=True)
+    # a runs root of its own: the checkout's outputs/tiny may record the preset's data root (make run)
+    runs = f"paths.runs_root={tmp_path / 'runs'}"
     assert (
-        Gc25dProject(preset="tiny", overrides=[f"paths.data_root={missing}"]).config().paths.data_root
+        Gc25dProject(preset="tiny", overrides=[f"paths.data_root={missing}", runs]).config().paths.data_root
         == missing
     )
 
@@ -136,3 +138,18 @@ def test_the_cli_reports_a_config_error_as_one_line(tmp_path):
         "gc25d: preset 'tinyy' does not exist; the presets are small, tiny, v10 (configs/<name>.yaml), "
         "or give a path to a .yaml file"
     ]
+
+
+def test_an_override_of_a_stage_section_lies_over_that_stages_preset_file():
+    """``sft.max_steps=500``: the rest of ``sft`` is configs/sft/tiny.yaml's, as the stage asset
+    builds it (not the section's bare defaults, which name no model to start from)."""
+    from gc25d_core.config import read_yaml
+
+    preset = read_yaml(ROOT / "configs" / "sft" / "tiny.yaml")
+    cfg = load_config("tiny", ["sft.max_steps=500", "sft.model.gradient_checkpointing=true"])
+    assert cfg.sft.max_steps == 500 and cfg.sft.model.gradient_checkpointing is True
+    assert cfg.sft.model.init == preset["model"]["init"] and cfg.sft.optim.lr == preset["optim"]["lr"]
+    assert cfg.stage3_dmd is None  # a stage no override names keeps no section
+    assert Gc25dProject(preset="tiny", overrides=["sft.max_steps=500"]).stage_overrides("sft") == {
+        "max_steps": 500
+    }

@@ -249,3 +249,26 @@ def test_finished_run_asks_for_the_same_config_step_and_files(tmp_path, change):
         assert got is not None and got[0]["final_step"] == 400
     else:
         assert got is None
+
+
+def test_the_projects_overrides_of_a_stage_section_reach_its_run(tmp_path, published):
+    """GC25D_OVERRIDES="sft.max_steps=500;sft.model.gradient_checkpointing=true": the stage's
+    preset file gives the rest of the section, the overrides win over it (and keep the hand-off's
+    fields beside theirs), so a finished run of the preset's 400 steps is trained on, not reported."""
+    import yaml
+
+    plain = _project(tmp_path)
+    run_dir = _finished_sft(tmp_path, plain)
+    # without overrides the finished run is reported as it is
+    assert _materialize([sft], plain, launcher=_RefusingLauncher()).success
+    overridden = Gc25dProject(
+        preset="tiny",
+        overrides=["sft.max_steps=500", "sft.model.gradient_checkpointing=true"],
+        store=ArtifactStore(runs_root=str(tmp_path / "runs")),
+    )
+    message = _single_failure(_materialize([sft], overridden, launcher=_RefusingLauncher()))
+    assert message.endswith("Failure: launched\n")  # 400 of 500 steps: the job resumes and trains on
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())["sft"]
+    assert written["max_steps"] == 500 and written["model"]["gradient_checkpointing"] is True
+    assert written["data"]["manifest_version"] == 1
+    assert written["model"]["overrides"]["dim"] == 192 and written["optim"]["lr"] == 5e-4  # the preset's

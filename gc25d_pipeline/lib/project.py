@@ -79,6 +79,12 @@ class Gc25dProject(dg.ConfigurableResource):
         check_runs_root(cfg)
         return cfg
 
+    def stage_overrides(self, stage: str) -> dict[str, Any]:
+        """The overrides of ``stage``'s section (``sft.max_steps=500`` → ``{"max_steps": 500}``): the
+        stage asset merges them over the stage preset it runs (``load_config`` checks them over the
+        project preset's)."""
+        return parse_overrides(self.overrides).get(stage) or {}
+
     def run_dir(
         self,
         cfg: Gc25dConfig,

@@ -22,7 +22,7 @@ from typing import Any, Literal, NamedTuple
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.config import Gc25dConfig
+from gc25d_core.config import Gc25dConfig, deep_merge
 from gc25d_core.handoff import TEACHER, read_handoff
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
@@ -202,15 +202,18 @@ def stage_asset(
         base = project.config()
         # checked before launch: a partition without its snapshot cannot train, on any retry
         version = published_snapshot(base, context.partition_key)
-        overrides: dict[str, Any] = {"data": {"manifest_version": version}}
+        # the project's overrides of this stage's section (GC25D_OVERRIDES="stage3_dmd.max_steps=100")
+        # go over its preset file, the snapshot and the hand-offs over both
+        overrides = deep_merge(project.stage_overrides(stage), {"data": {"manifest_version": version}})
         handoffs = {}
         for field, source in sources.items():
             handoffs[field] = handoff_path(project, base, source, context)
-            overrides[field] = {
+            hand_off = {
                 "init": "handoff",
                 "handoff": str(as_configured(handoffs[field], base.paths.runs_root)),
                 "handoff_export": source.export,
             }
+            overrides = deep_merge(overrides, {field: hand_off})
         try:
             cfg = with_stage(base, stage, config.stage_preset or base.name, overrides)
         except ConfigError as e:  # a bad preset name or section: the same on every retry
