@@ -66,6 +66,24 @@ def test_picture_study_fit_specs_name_steps_and_both_widths():
         parse_fit("600@wide")
 
 
+def test_picture_study_fits_take_the_batch_and_rate_given_else_the_presets(monkeypatch):
+    from bench.quality import picture_study
+    from gc25d_core.config import load_config
+
+    seen = []
+
+    def fit(clips, **kw):  # what the fit was asked for; no fit
+        seen.append(kw)
+        return None, {}
+
+    monkeypatch.setattr("gc25d_core.models.vae_fit.fit_tiny_vae", fit)
+    cfg = load_config("small")
+    picture_study.fit_vae([], 5, 16, cfg, batch=64, lr=2e-3)
+    picture_study.fit_vae([], 5, 16, cfg)
+    assert (seen[0]["batch"], seen[0]["lr"]) == (64, 2e-3)
+    assert (seen[1]["batch"], seen[1]["lr"]) == (cfg.vae.fit.batch, cfg.vae.fit.lr) == (8, 1e-3)
+
+
 def test_the_linear_code_cuts_squares_as_the_vae_does_and_keeps_what_its_rank_spans():
     from bench.quality.picture_study import linear_code_recon, patch_groups
 

@@ -166,10 +166,11 @@ def fit_vae(
     dec_dim: int | None = None,
     device: str = "cpu",
     lr: float | None = None,
+    batch: int | None = None,
 ) -> tuple[Any, float]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
-    ``lr`` in place of the preset's."""
+    ``lr`` / ``batch`` in place of the preset's."""
     from gc25d_core.models.vae_fit import fit_tiny_vae
 
     f = cfg.vae.fit
@@ -177,7 +178,7 @@ def fit_vae(
     vae, _ = fit_tiny_vae(
         clips,
         steps=steps,
-        batch=f.batch,
+        batch=batch or f.batch,
         frames=f.frames,
         lr=lr or f.lr,
         seed=seed,
@@ -240,6 +241,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", help="where the fits run (the small preset's: cuda)")
     ap.add_argument("--fits", default="160@16,480@16", help="STEPS@DIM or STEPS@DIM/DEC_DIM, comma-separated")
     ap.add_argument("--lr", type=float, default=None, help="the fits' learning rate (default the preset's)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="the fits' windows a step (default the preset's; on a GPU a tiny-VAE step is launch-bound, "
+        "so a larger batch costs little time: docs/picture_study.md)",
+    )
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument(
         "--linear",
@@ -304,9 +312,12 @@ def main(argv: list[str] | None = None) -> None:
         row(name, linear_code_recon(train, truth, k), truth, ids, fit_s=round(time.perf_counter() - t1, 1))
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
     for i, (steps, dim, dec_dim) in enumerate(fits):
-        vae, fit_s = fit_vae(train, steps, dim, cfg, dec_dim=dec_dim, device=args.device, lr=args.lr)
+        vae, fit_s = fit_vae(
+            train, steps, dim, cfg, dec_dim=dec_dim, device=args.device, lr=args.lr, batch=args.batch
+        )
         name = f"tiny VAE fit {steps} steps, dim {dim}" + (f" / decoder {dec_dim}" if dec_dim != dim else "")
         name += f", lr {args.lr:g}" if args.lr else ""
+        name += f", batch {args.batch}" if args.batch else ""
         row(name, recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
         if i == 0:
             spec = f"{steps}@{dim}/{dec_dim}"
