@@ -530,8 +530,13 @@ def _over_stage_presets(data: Mapping[str, Any], tree: dict[str, Any], name: str
     out = dict(tree)
     for stage in STAGES:
         given = tree.get(stage.name)
-        stage_file = CONFIGS_DIR / stage.preset_folder / f"{name}.yaml"
-        if isinstance(given, dict) and data.get(stage.name) is None and stage_file.is_file():
+        if not isinstance(given, dict) or data.get(stage.name) is not None:
+            continue
+        try:  # a name that is no file name has no stage file: the section's defaults then
+            stage_file = path_under(CONFIGS_DIR / stage.preset_folder, name, "name", suffix=".yaml")
+        except InvalidNameError:
+            continue
+        if stage_file.is_file():
             out[stage.name] = deep_merge(read_yaml(stage_file), given)
     return out
 
@@ -548,7 +553,9 @@ def load_config(
     path = preset_path(preset)
     data = _resolve_relative(read_yaml(path), path.parent)
     tree = overrides if isinstance(overrides, dict) else parse_overrides(overrides) if overrides else {}
-    data = deep_merge(data, _over_stage_presets(data, tree, path.stem))
+    # the stage files of the preset's name, as the stage assets pick them (``cfg.name``)
+    name = str(tree.get("name") or data.get("name") or path.stem)
+    data = deep_merge(data, _over_stage_presets(data, tree, name))
     try:
         return Gc25dConfig.model_validate(data)
     except ValidationError as e:
