@@ -72,6 +72,13 @@ class GraphedKVForward:
             return self._eager(latent, timestep, text, sem_ids, **kwargs)
         if self._text_raw is not None and text.raw is not self._text_raw and self._cache is cache:
             return self._eager(latent, timestep, text, sem_ids, **kwargs)
+        if sem_ids is not None and getattr(self.model, "check_sem_ids", False):
+            # the vocab check of raw ids reads a flag back to the host: no capture can hold it
+            self.disabled = (
+                "the model checks its ids on the device (check_sem_ids), a host sync no CUDA graph "
+                "can hold: check them on the host and turn it off (DeployRuntime does)"
+            )
+            return self._eager(latent, timestep, text, sem_ids, **kwargs)
         commit = bool(kwargs.get("commit", False))
         want_out = bool(kwargs.get("return_output", True))
         fold = kwargs.get("fold")
