@@ -189,13 +189,13 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         },
     }
     # the CLI's default on an H200 at the 5B's width with torchao and a fast decoder that earned
-    # the default (--decoder auto, --fp8 auto): both levers together
+    # the default (--decoder auto, --fp8 auto), flash-attn-4 not installed: both levers together
     options["graphs_all_cstream_compile_fastdec_fp8"] = {
         **options["graphs_all_cstream_compile_fastdec"],
         "fp8": True,
     }
-    # that with FlashAttention-4 over the static KV buffers (--kv-attention fa4; needs flash-attn-4
-    # on the path: bench.suites deploy-fa4)
+    # that with FlashAttention-4 over the static KV buffers: the CLI's default where flash-attn-4
+    # is installed (--kv-attention auto; bench.suites deploy-fa4 puts it on the path)
     options["graphs_all_cstream_compile_fastdec_fp8_fa4kv"] = {
         **options["graphs_all_cstream_compile_fastdec_fp8"],
         "kv_attention": "fa4",

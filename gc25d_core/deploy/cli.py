@@ -88,11 +88,12 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-attention",
-        choices=("sdpa", "fa4"),
-        default="sdpa",
-        help="the attention of each cell over the KV cache: PyTorch SDPA (default), or fa4: "
-        "FlashAttention-4 (the optional flash-attn-4 package, sm90+ GPU; models.fa4; needs the "
-        "static cache: CUDA's default path or --cuda-graphs, not --exact)",
+        choices=("auto", "sdpa", "fa4"),
+        default=None,
+        help="the attention of each cell over the KV cache: PyTorch SDPA, or fa4: FlashAttention-4 "
+        "(the optional flash-attn-4 package, sm90+ GPU; models.fa4; needs the static cache: CUDA's "
+        "default path or --cuda-graphs, not --exact). Default on CUDA: auto, fa4 where it is "
+        "installed and the DiT is 5B-wide (dim >= 3072), where it measured faster; else sdpa",
     )
     p.add_argument(
         "--decode-stream",
@@ -204,6 +205,7 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
     )
     compiled = args.compile if args.compile is not None else fast
     fp8: bool | Literal["auto"] = args.fp8 if args.fp8 is not None else ("auto" if fast else False)
+    kv: Literal["sdpa", "fa4", "auto"] = args.kv_attention or ("auto" if fast else "sdpa")
     return RuntimeOptions(
         seed=args.seed,
         fold_commit=args.fold_commit,
@@ -219,7 +221,7 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         decoder=args.decoder,
         fp8=fp8,
         fp8_skip=tuple(args.fp8_skip),
-        kv_attention=args.kv_attention,
+        kv_attention=kv,
     )
 
 
@@ -244,7 +246,7 @@ def open_from_args(args: argparse.Namespace):
         device=device,
         expected_sha256=sha,
     )
-    return session, cfg, f"{export} [{source}], {session.runtime.fp8_choice}"
+    return session, cfg, f"{export} [{source}], {session.runtime.fp8_choice}, {session.runtime.kv_choice}"
 
 
 def script_blocks(args: argparse.Namespace) -> list[np.ndarray]:

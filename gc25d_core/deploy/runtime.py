@@ -98,11 +98,12 @@ class RuntimeOptions(Strict):
     fp8_skip: tuple[str, ...] = Field(
         default=(), description="fnmatch patterns of linear layers kept in bf16 with fp8 (per-layer opt-out)"
     )
-    kv_attention: Literal["sdpa", "fa4"] = Field(
+    kv_attention: Literal["sdpa", "fa4", "auto"] = Field(
         default="sdpa",
         description="the attention of each cell over the static KV buffers: PyTorch SDPA, or "
         "FlashAttention-4 (the optional flash-attn-4 package, sm90+ GPU, static_kv / cuda_graphs; "
-        "models.fa4)",
+        "models.fa4); auto (the CLI's default on CUDA): fa4 where it is installed and the DiT is as "
+        "wide as where it measured faster (models.fa4.auto_kv_attention), else sdpa",
     )
 
 
@@ -239,6 +240,15 @@ class DeployRuntime:
         if opts.fused_rmsnorm:
             model.use_fused_rmsnorm(True)
         static_attention = None
+        self.kv_choice = f"kv attention {opts.kv_attention}"
+        if opts.kv_attention == "auto":
+            from gc25d_core.models.fa4 import auto_kv_attention
+
+            if opts.static_kv or opts.cuda_graphs:
+                kind, self.kv_choice = auto_kv_attention(int(model.dim), self.dtype, self.device)
+            else:
+                kind, self.kv_choice = "sdpa", "kv attention sdpa: FA4 runs over the static KV buffers only"
+            self.options = opts = opts.model_copy(update={"kv_attention": kind})
         if opts.kv_attention == "fa4":
             from gc25d_core.models.fa4 import check_fa4, fa4_attention
 

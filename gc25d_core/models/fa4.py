@@ -43,6 +43,33 @@ def check_fa4(device: torch.device | str, what: str = "attn_backend='fa4'") -> N
         raise RuntimeError(f"{what} needs the flash-attn-4 package (flash_attn.cute)")
 
 
+# the DiT width where FA4 as the KV step's attention measured faster than SDPA in the whole live loop
+# under the CUDA graphs (the 5B's, docs/benchmarks.md); narrower models keep SDPA until measured
+AUTO_KV_MIN_DIM = 3072
+
+
+def auto_kv_attention(dim: int, dtype: torch.dtype, device: torch.device | str) -> tuple[str, str]:
+    """The deploy's ``kv_attention='auto'`` for a DiT of width ``dim`` in ``dtype`` on ``device``
+    over the static KV buffers: ("fa4" or "sdpa", why, as a line for the log)."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return "sdpa", f"kv attention sdpa: FlashAttention-4 needs an sm90+ GPU, not {device}"
+    if not fa4_available():
+        return "sdpa", "kv attention sdpa: flash-attn-4 is not installed (pip install '.[fa4]')"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return "sdpa", f"kv attention sdpa: FlashAttention-4 runs bf16/fp16, the model is {dtype}"
+    if dim < AUTO_KV_MIN_DIM:
+        return (
+            "sdpa",
+            f"kv attention sdpa: dim {dim} < {AUTO_KV_MIN_DIM}, where FlashAttention-4 is not measured "
+            "(--kv-attention fa4 forces it)",
+        )
+    return (
+        "fa4",
+        f"kv attention fa4: dim {dim} >= {AUTO_KV_MIN_DIM} on {device} (--kv-attention sdpa keeps SDPA)",
+    )
+
+
 @torch.compiler.disable
 def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[B, S, H*D] bf16/fp16 q, k, v -> [B, S, H*D], softmax scale 1/sqrt(D), no mask."""

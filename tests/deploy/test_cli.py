@@ -123,7 +123,9 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
         opts("--no-fp8", "--fp8-skip", "blocks.0.*", cuda=True)
     with pytest.raises(ValueError, match="--exact contradicts --fp8"):
         opts("--exact", "--fp8", cuda=True)
-    assert fast.kv_attention == "sdpa" and opts("--kv-attention", "fa4", cuda=True).kv_attention == "fa4"
+    assert fast.kv_attention == "auto" and exact.kv_attention == "sdpa"  # the runtime decides on CUDA
+    assert opts("--kv-attention", "sdpa", cuda=True).kv_attention == "sdpa"
+    assert opts("--kv-attention", "fa4", cuda=True).kv_attention == "fa4"
     with pytest.raises(ValueError, match="--kv-attention fa4 contradicts --exact"):
         opts("--exact", "--kv-attention", "fa4", cuda=True)
     stream = opts("--decode-stream", cuda=True)

@@ -80,6 +80,45 @@ def test_a_session_asking_for_fa4_refuses_naming_what_is_missing(tiny_export, de
         )
 
 
+def test_auto_kv_attention_takes_fa4_only_where_it_measured_faster(monkeypatch):
+    """``auto``: FA4 on an sm90+ GPU with the package, a bf16 / fp16 model at the 5B's width; else
+    SDPA, saying why."""
+    from gc25d_core.models import fa4
+
+    bf16 = torch.bfloat16
+    kind, why = fa4.auto_kv_attention(3072, bf16, "cpu")
+    assert kind == "sdpa" and "sm90+ GPU" in why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(fa4, "fa4_available", lambda: False)
+    assert fa4.auto_kv_attention(3072, bf16, "cuda")[1].endswith("not installed (pip install '.[fa4]')")
+    monkeypatch.setattr(fa4, "fa4_available", lambda: True)
+    assert fa4.auto_kv_attention(3072, bf16, "cuda")[0] == "fa4"
+    assert fa4.auto_kv_attention(fa4.AUTO_KV_MIN_DIM - 1, bf16, "cuda") == (
+        "sdpa",
+        "kv attention sdpa: dim 3071 < 3072, where FlashAttention-4 is not measured "
+        "(--kv-attention fa4 forces it)",
+    )
+    assert "runs bf16/fp16" in fa4.auto_kv_attention(3072, torch.float32, "cuda")[1]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert fa4.auto_kv_attention(3072, bf16, "cuda")[0] == "sdpa"
+
+
+def test_a_session_with_auto_kv_attention_on_a_cpu_keeps_sdpa_and_says_so(tiny_export, deploy_cfg):
+    from gc25d_core.deploy.runtime import RuntimeOptions
+    from gc25d_core.deploy.session import open_session
+
+    for static in (False, True):
+        session = open_session(
+            tiny_export,
+            deploy_cfg,
+            device="cpu",
+            options=RuntimeOptions(kv_attention="auto", static_kv=static),
+        )
+        runtime = session.runtime
+        assert runtime.options.kv_attention == "sdpa" and runtime.kv_choice.startswith("kv attention sdpa: ")
+        assert ("static KV buffers" in runtime.kv_choice) is not static
+
+
 def test_static_cache_steady_only_at_a_full_window_past_the_cap():
     model = make_model(seed=0)
     _, cache = streamed_rollout(model, DEPLOY_CAUSAL, 12, static_kv=True)
