@@ -540,8 +540,8 @@ SUITES: dict[str, Suite] = {
         "nvidia-h200",
         "after the three fa4-stage calls: FA4 installed, the KV-step attention alone (SDPA's kernels "
         "vs FA4 at every window fill level), its GPU test (a graphed stream, FA4 vs SDPA), then the "
-        "live loop as `deploy` runs it with the levers {1} (default: the CLI's default beside it with "
-        "--kv-attention fa4), FA4 on the path",
+        "live loop as `deploy` runs it with the levers {1} (default: the CLI's default without "
+        "flash-attn-4 beside it with FA4, the default where it is installed), FA4 on the path",
         (
             INSTALL_FA4,
             Step(py("-m bench.speed.attention --kv"), 120, jsonl="attn_kv.jsonl", pythonpath=FA4_PATH),

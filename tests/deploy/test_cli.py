@@ -35,7 +35,10 @@ def test_play_writes_an_mp4_of_the_expected_frames(tiny_export, deploy_cfg, tmp_
     # the commit forward is timed on its own (it was 0.0 in every cell while forwards went untimed)
     assert all(c["commit"] > 0 for c in summary["cells"])
     assert summary["timing"] == "per forward, device-synchronised; commit timed apart"
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["frames"] == 17
+    printed = capsys.readouterr()
+    assert json.loads(printed.out.strip().splitlines()[-1])["frames"] == 17
+    # the session's line names the CUDA-only choices (a CPU runs the exact path: neither FP8 nor FA4)
+    assert "fp8 off, kv attention sdpa" in printed.err
 
 
 def test_a_folded_commit_has_no_time_of_its_own(tiny_export, deploy_cfg, tmp_path):
