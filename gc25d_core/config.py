@@ -211,6 +211,12 @@ class TinyVaeFitConfig(Strict):
     device: Literal["cpu", "cuda"] = Field(
         default="cpu", description="where the fit runs (cuda: the small preset's larger frames)"
     )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile the fit's loss (encode + decode: one graph), on CUDA replayed as CUDA "
+        "graphs: at these widths the step is thousands of tiny kernels, launch-bound on a GPU. The "
+        "weights differ within float rounding, so it is part of the fit's key",
+    )
     eval_frames: int = Field(
         default=17,
         ge=1,

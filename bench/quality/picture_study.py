@@ -167,10 +167,11 @@ def fit_vae(
     device: str = "cpu",
     lr: float | None = None,
     batch: int | None = None,
+    compile: bool | None = None,
 ) -> tuple[Any, float]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
-    ``lr`` / ``batch`` in place of the preset's."""
+    ``lr`` / ``batch`` / ``compile`` in place of the preset's."""
     from gc25d_core.models.vae_fit import fit_tiny_vae
 
     f = cfg.vae.fit
@@ -187,6 +188,7 @@ def fit_vae(
         device=device,
         dim=dim,
         dec_dim=dec_dim or dim,
+        compile=f.compile if compile is None else compile,
     )
     return vae, time.perf_counter() - t0
 
@@ -247,6 +249,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the fits' windows a step (default the preset's; on a GPU a tiny-VAE step is launch-bound, "
         "so a larger batch costs little time: docs/picture_study.md)",
+    )
+    ap.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the fits' step through torch.compile (CUDA graphs on a GPU; default the preset's vae.fit.compile)",
     )
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument(
@@ -313,11 +321,20 @@ def main(argv: list[str] | None = None) -> None:
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
     for i, (steps, dim, dec_dim) in enumerate(fits):
         vae, fit_s = fit_vae(
-            train, steps, dim, cfg, dec_dim=dec_dim, device=args.device, lr=args.lr, batch=args.batch
+            train,
+            steps,
+            dim,
+            cfg,
+            dec_dim=dec_dim,
+            device=args.device,
+            lr=args.lr,
+            batch=args.batch,
+            compile=args.compile,
         )
         name = f"tiny VAE fit {steps} steps, dim {dim}" + (f" / decoder {dec_dim}" if dec_dim != dim else "")
         name += f", lr {args.lr:g}" if args.lr else ""
         name += f", batch {args.batch}" if args.batch else ""
+        name += {True: ", compiled", False: ", eager", None: ""}[args.compile]
         row(name, recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
         if i == 0:
             spec = f"{steps}@{dim}/{dec_dim}"

@@ -83,13 +83,15 @@ def fit_tiny_vae(
     device: str = "cpu",
     dim: int = 16,
     dec_dim: int = 16,
+    compile: bool = False,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
     on random square crops of that side (multiple of 16) instead of whole frames. ``norm_frames``:
     the normalisation statistics come from the first that many frames of every clip (None: all;
     encoding whole 81-frame clips costs as much as dozens of fit steps and moves them little).
-    ``dim`` / ``dec_dim``: the encoder's / decoder's base widths."""
+    ``dim`` / ``dec_dim``: the encoder's / decoder's base widths. ``compile``: the loss through
+    ``torch.compile`` (one graph, no breaks), on CUDA as CUDA graphs ("reduce-overhead")."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     if crop is not None and crop % 16:
@@ -101,12 +103,19 @@ def fit_tiny_vae(
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     losses: list[float] = []
-    for step in range(steps):
-        x = torch.stack([_window(clips, frames, crop, rng) for _ in range(batch)]).to(device)
+
+    def loss_of(x: torch.Tensor) -> torch.Tensor:
         z = model.encode(x, scale)
         recon = model.decode(z, scale)
-        loss = (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
-        fit_step(opt, loss, losses, log, step)
+        return (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
+
+    step_loss = loss_of
+    if compile:  # every window has one shape: one graph, compiled once
+        mode = "reduce-overhead" if torch.device(device).type == "cuda" else None
+        step_loss = torch.compile(loss_of, mode=mode, dynamic=False)
+    for step in range(steps):
+        x = torch.stack([_window(clips, frames, crop, rng) for _ in range(batch)]).to(device)
+        fit_step(opt, step_loss(x), losses, log, step)
     model.eval().requires_grad_(False)
     with torch.no_grad():
         zs = torch.cat(
@@ -219,7 +228,9 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     # the fits made before keep theirs and are not fitted again
     default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
     settings = cfg.vae.fit.model_dump(
-        exclude={"file", "enabled"} | ({"dim", "dec_dim"} if default_widths else set())
+        exclude={"file", "enabled"}
+        | ({"dim", "dec_dim"} if default_widths else set())
+        | (set() if cfg.vae.fit.compile else {"compile"})  # likewise the compile, off
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())

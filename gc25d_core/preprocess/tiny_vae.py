@@ -83,6 +83,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         device=fit.device,
         dim=fit.dim,
         dec_dim=fit.dec_dim,
+        compile=fit.compile,
     )
     fit_s = time.perf_counter() - t_fit
     n = fit.eval_frames

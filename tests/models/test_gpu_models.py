@@ -223,3 +223,27 @@ def test_cuda_graphs_of_a_model_that_checks_its_ids_stay_eager_and_say_why():
     got, _ = streamed_rollout(model, spec, 6, streamer=streamer, device="cuda")
     assert graphed.replays == 0 and graphed.disabled is not None and "check_sem_ids" in graphed.disabled
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_cuda_compiled_tiny_vae_fit_matches_the_eager_fit():
+    """``vae.fit.compile`` on CUDA (torch.compile, CUDA graphs): a few steps give the eager fit's
+    losses and weights within float rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import numpy as np
+
+    from gc25d_core.models.vae_fit import fit_tiny_vae
+
+    rng = np.random.default_rng(0)
+    clips = [rng.integers(0, 256, (9, 64, 64, 3), dtype=np.uint8) for _ in range(2)]
+    kw = {"steps": 4, "batch": 2, "frames": 5, "seed": 0, "dim": 8, "dec_dim": 8, "device": "cuda"}
+    losses: dict[bool, list[float]] = {False: [], True: []}
+    fits = {
+        c: fit_tiny_vae(clips, compile=c, log=lambda s, v, c=c: losses[c].append(v), **kw)[0]
+        for c in (False, True)
+    }
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
+    # Adam moves a weight by at most about lr a step, even on a gradient of rounding noise: the bound
+    bound = kw["steps"] * 5e-4  # fit_tiny_vae's default lr
+    for (name, a), b in zip(fits[False].model.named_parameters(), fits[True].model.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=bound, msg=name)

@@ -110,6 +110,32 @@ def test_the_widths_are_fit_settings_and_a_change_of_width_refits():
         load_config("tiny", {"vae": {"fit": {"dec_dim": 2}}})
 
 
+def test_a_compiled_fit_compiles_its_loss_once_with_one_shape_and_is_a_fit_of_its_own(monkeypatch):
+    """``vae.fit.compile``: the loss goes through torch.compile once (static shapes; CUDA graphs only
+    on CUDA), and the setting joins the fit's key only when on (the fits made before keep theirs).
+    The compiled weights against the eager ones: tests/models/test_gpu_models.py (a CPU compile of
+    the VAE takes minutes)."""
+    from gc25d_core.models.vae_fit import inputs_key
+
+    calls: list[dict] = []
+
+    def fake_compile(fn, **kwargs):
+        calls.append(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    clips = _clips(frames=5)
+    eager, _ = fit_tiny_vae(clips, steps=2, batch=1, frames=5, seed=0, dim=8, dec_dim=8)
+    assert calls == []
+    routed, _ = fit_tiny_vae(clips, steps=2, batch=1, frames=5, seed=0, dim=8, dec_dim=8, compile=True)
+    assert calls == [{"mode": None, "dynamic": False}]
+    for (name, a), b in zip(eager.model.named_parameters(), routed.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)  # the same loss, called the same way
+    on = load_config("tiny", {"vae": {"fit": {"compile": True}}})
+    base = load_config("tiny")
+    assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips)
+
+
 def test_fit_refuses_short_clips():
     with pytest.raises(ValueError, match="1 \\+ 4k"):
         fit_tiny_vae(_clips(frames=5), frames=9, steps=1)
