@@ -32,15 +32,23 @@ def fa4_available() -> bool:
     )
 
 
-def check_fa4(device: torch.device | str, what: str = "attn_backend='fa4'") -> None:
-    """Raise, saying what is missing, unless FA4 can run on ``device`` (``what`` asked for it)."""
+def fa4_problem(device: torch.device | str) -> str | None:
+    """What keeps FA4 from running on ``device`` ("needs ..."), or None where it can."""
     device = torch.device(device)
     if device.type != "cuda":
-        raise RuntimeError(f"{what} needs a CUDA device, got {device}")
+        return f"needs a CUDA device, got {device}"
     if torch.cuda.get_device_capability(device)[0] < 9:
-        raise RuntimeError(f"{what} needs sm90 or newer, {device} is {torch.cuda.get_device_name(device)}")
+        return f"needs sm90 or newer, {device} is {torch.cuda.get_device_name(device)}"
     if not fa4_available():
-        raise RuntimeError(f"{what} needs the flash-attn-4 package (flash_attn.cute)")
+        return "needs the flash-attn-4 package (flash_attn.cute)"
+    return None
+
+
+def check_fa4(device: torch.device | str, what: str = "attn_backend='fa4'") -> None:
+    """Raise, saying what is missing, unless FA4 can run on ``device`` (``what`` asked for it)."""
+    problem = fa4_problem(device)
+    if problem is not None:
+        raise RuntimeError(f"{what} {problem}")
 
 
 # the DiT width where FA4 as the KV step's attention measured faster than SDPA in the whole live loop
@@ -51,11 +59,9 @@ AUTO_KV_MIN_DIM = 3072
 def auto_kv_attention(dim: int, dtype: torch.dtype, device: torch.device | str) -> tuple[str, str]:
     """The deploy's ``kv_attention='auto'`` for a DiT of width ``dim`` in ``dtype`` on ``device``
     over the static KV buffers: ("fa4" or "sdpa", why, as a line for the log)."""
-    device = torch.device(device)
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
-        return "sdpa", f"kv attention sdpa: FlashAttention-4 needs an sm90+ GPU, not {device}"
-    if not fa4_available():
-        return "sdpa", "kv attention sdpa: flash-attn-4 is not installed (pip install '.[fa4]')"
+    problem = fa4_problem(device)
+    if problem is not None:
+        return "sdpa", f"kv attention sdpa: FlashAttention-4 {problem}"
     if dtype not in (torch.bfloat16, torch.float16):
         return "sdpa", f"kv attention sdpa: FlashAttention-4 runs bf16/fp16, the model is {dtype}"
     if dim < AUTO_KV_MIN_DIM:
@@ -66,7 +72,7 @@ def auto_kv_attention(dim: int, dtype: torch.dtype, device: torch.device | str) 
         )
     return (
         "fa4",
-        f"kv attention fa4: dim {dim} >= {AUTO_KV_MIN_DIM} on {device} (--kv-attention sdpa keeps SDPA)",
+        f"kv attention fa4: dim {dim} >= {AUTO_KV_MIN_DIM} on {torch.device(device)} (--kv-attention sdpa keeps SDPA)",
     )
 
 

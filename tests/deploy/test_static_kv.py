@@ -87,10 +87,12 @@ def test_auto_kv_attention_takes_fa4_only_where_it_measured_faster(monkeypatch):
 
     bf16 = torch.bfloat16
     kind, why = fa4.auto_kv_attention(3072, bf16, "cpu")
-    assert kind == "sdpa" and "sm90+ GPU" in why
+    assert kind == "sdpa" and why == "kv attention sdpa: FlashAttention-4 needs a CUDA device, got cpu"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(fa4, "fa4_available", lambda: False)
-    assert fa4.auto_kv_attention(3072, bf16, "cuda")[1].endswith("not installed (pip install '.[fa4]')")
+    assert fa4.auto_kv_attention(3072, bf16, "cuda")[1].endswith(
+        "needs the flash-attn-4 package (flash_attn.cute)"
+    )
     monkeypatch.setattr(fa4, "fa4_available", lambda: True)
     assert fa4.auto_kv_attention(3072, bf16, "cuda")[0] == "fa4"
     assert fa4.auto_kv_attention(fa4.AUTO_KV_MIN_DIM - 1, bf16, "cuda") == (
@@ -100,7 +102,11 @@ def test_auto_kv_attention_takes_fa4_only_where_it_measured_faster(monkeypatch):
     )
     assert "runs bf16/fp16" in fa4.auto_kv_attention(3072, torch.float32, "cuda")[1]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert fa4.auto_kv_attention(3072, bf16, "cuda")[0] == "sdpa"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "A100")
+    assert fa4.auto_kv_attention(3072, bf16, "cuda") == (
+        "sdpa",
+        "kv attention sdpa: FlashAttention-4 needs sm90 or newer, cuda is A100",
+    )
 
 
 def test_a_session_with_auto_kv_attention_on_a_cpu_keeps_sdpa_and_says_so(tiny_export, deploy_cfg):
