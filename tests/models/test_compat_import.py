@@ -72,3 +72,14 @@ def test_deferring_a_module_that_is_no_package_says_so(monkeypatch):
     monkeypatch.delitem(sys.modules, "json.decoder")
     with pytest.raises(ImportError, match="json.decoder is not an installed package"):
         defer_package_init("json.decoder")
+
+
+def test_the_startup_bench_prints_both_variants_side_by_side():
+    """``bench.speed.startup`` (its import half): DiffSynth whole loads more modules than the default."""
+    cmd = [sys.executable, "-m", "bench.speed.startup", "--repeats", "1", "--launches", "0"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    modules = summary["import_modules"]
+    assert modules["whole"]["median"] > modules["deferred"]["median"] > 0
+    assert summary["launch_wall_s"] == {}
