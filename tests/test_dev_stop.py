@@ -70,6 +70,14 @@ def _env(tmp: Path) -> dict[str, str]:
     }
 
 
+def _shell_signals() -> None:
+    """The stop signals as a user's shell has them: where the suite's own parents left one ignored
+    (seen in one CI run: make started with SIGTERM ignored), make ignores it too (GNU make keeps an
+    ignored fatal signal ignored) and the test would measure its parents, not make dev."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def _in_background(command: str, env: dict[str, str], log: Path) -> Iterator[int]:
     """``command &`` from a non-interactive bash (SIGINT and SIGQUIT ignored in the job, as in a script
@@ -81,6 +89,7 @@ def _in_background(command: str, env: dict[str, str], log: Path) -> Iterator[int
         env=env,
         check=True,
         start_new_session=True,  # the job's process group is not pytest's
+        preexec_fn=_shell_signals,
         timeout=30,
     )
     pid = int(pidfile.read_text())
@@ -120,7 +129,8 @@ def _stop_and_check(pid: int, send: Callable[[], None], log: Path) -> None:
     assert not alive, (
         f"{len(alive)} of {len(tree)} processes still alive {STOP_WITHIN_S} s after the signal:\n"
         f"{_names(alive)}\n--- signal state (pending / blocked / ignored / caught) ---\n"
-        f"{_signal_state(alive)}\n--- log ---\n{log.read_text()[-3000:]}"
+        f"{_signal_state(alive)}\npytest's own SIGTERM handler: {signal.getsignal(signal.SIGTERM)}"
+        f"\n--- log ---\n{log.read_text()[-3000:]}"
     )
     print(f"{len(tree)} processes stopped in {time.monotonic() - started:.1f} s")
 
