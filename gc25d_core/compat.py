@@ -44,7 +44,8 @@ def patch_torchvision_for_cpu_torch() -> None:
 
 
 def import_diffsynth():
-    """Import diffsynth offline (no hub downloads) with the torchvision workaround applied."""
+    """DiffSynth offline (no hub downloads) with the torchvision workaround applied: its Wan DiT file
+    loaded, its package initialisers deferred to their first use (``defer_package_init``)."""
     os.environ.setdefault("DIFFSYNTH_SKIP_DOWNLOAD", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     patch_torchvision_for_cpu_torch()

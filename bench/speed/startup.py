@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,11 @@ _WHOLE = (
     "import diffsynth\n"
     "diffsynth.ModelConfig  # the first read runs the package initialisers: DiffSynth whole\n"
 )
-_MODELS = "import sys, time\nt = time.perf_counter()\nimport gc25d_core.models.gcdit, gc25d_core.models.vae\n"
-_IMPORT_PROBE = {
-    "deferred": _MODELS + "print(time.perf_counter() - t, len(sys.modules))\n",
-    "whole": "import sys, time\nt = time.perf_counter()\n"
-    + _WHOLE
-    + _MODELS.split("\n", 2)[2]
-    + "print(time.perf_counter() - t, len(sys.modules))\n",
-}
+_TIMED = (
+    "import sys, time\nt = time.perf_counter()\n{}import gc25d_core.models.gcdit, gc25d_core.models.vae\n"
+)
+_REPORT = "print(time.perf_counter() - t, len(sys.modules))\n"
+_IMPORT_PROBE = {"deferred": _TIMED.format("") + _REPORT, "whole": _TIMED.format(_WHOLE) + _REPORT}
 
 
 def variant_env(variant: str, root: Path) -> dict[str, str]:
@@ -54,16 +52,12 @@ def variant_env(variant: str, root: Path) -> dict[str, str]:
         site = root / "whole_site"
         site.mkdir(parents=True, exist_ok=True)
         (site / "sitecustomize.py").write_text(
-            "import os\nif 'LOCAL_RANK' in os.environ:\n" + _indent(_WHOLE)
+            "import os\nif 'LOCAL_RANK' in os.environ:\n" + textwrap.indent(_WHOLE, "    ")
         )
         env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(
             os.pathsep
         )
     return env
-
-
-def _indent(code: str) -> str:
-    return "".join(f"    {line}\n" for line in code.splitlines())
 
 
 def time_import(variant: str) -> dict[str, Any]:
