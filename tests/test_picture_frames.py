@@ -74,14 +74,16 @@ def test_picture_study_fits_take_the_batch_and_rate_given_else_the_presets(monke
 
     def fit(clips, **kw):  # what the fit was asked for; no fit
         seen.append(kw)
-        return None, {}
+        return None, {"steps": kw["steps"], "loss_last": None}
 
     monkeypatch.setattr("gc25d_core.models.vae_fit.fit_tiny_vae", fit)
     cfg = load_config("small")
-    picture_study.fit_vae([], 5, 16, cfg, batch=64, lr=2e-3)
+    _, timing = picture_study.fit_vae([], 5, 16, cfg, batch=16, lr=2e-3, seconds=30.0)
     picture_study.fit_vae([], 5, 16, cfg)
-    assert (seen[0]["batch"], seen[0]["lr"]) == (64, 2e-3)
-    assert (seen[1]["batch"], seen[1]["lr"]) == (cfg.vae.fit.batch, cfg.vae.fit.lr) == (8, 1e-3)
+    assert (seen[0]["batch"], seen[0]["lr"], seen[0]["seconds"]) == (16, 2e-3, 30.0)
+    assert (seen[1]["batch"], seen[1]["lr"], seen[1]["seconds"]) == (cfg.vae.fit.batch, cfg.vae.fit.lr, None)
+    assert (cfg.vae.fit.batch, cfg.vae.fit.lr) == (64, 1e-3)
+    assert timing["steps"] == 5 and timing["step_s"] is None  # no step ran: no step time
 
 
 def test_the_linear_code_cuts_squares_as_the_vae_does_and_keeps_what_its_rank_spans():

@@ -67,7 +67,7 @@ def test_the_vae_width_reaches_the_fit_and_is_refused_beside_a_given_vae(tmp_pat
     assert (cfg.vae.fit.dim, cfg.vae.fit.dec_dim, cfg.vae.fit.steps) == (
         32,
         64,
-        600,
+        1000,
     )  # the rest: the preset's
     cfg, _ = small_preset.small_config(tmp_path, smoke=True, vae_width=(8, 24))
     assert (cfg.vae.fit.dim, cfg.vae.fit.dec_dim, cfg.vae.fit.steps) == (8, 24, 2)

@@ -22,6 +22,8 @@ Usage: python -m bench.quality.picture_study --raw /tmp/picture/raw --work /tmp/
     [--fits 160@16,480@16,160@32/64] [--latent-mse 0,0.25,0.5,0.75,0.9] [--linear 48,192] [--frames 17]
     [--threads 2]
 GPU, the small preset: ... --preset small --device cuda --fits 600@16,600@32,600@32/64 --latent-mse ''
+A fit for a time budget, kept: --fits 100000@16 --fit-seconds 400 --save-dir DIR (each row then
+gives the steps run, the first step's seconds, a compile's included, and the median step's).
 ``--raw``: the preset's code world (generated there when missing: a minute for tiny, ~3 for small).
 """
 
@@ -168,15 +170,19 @@ def fit_vae(
     lr: float | None = None,
     batch: int | None = None,
     compile: bool | None = None,
-) -> tuple[Any, float]:
+    seconds: float | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
-    ``lr`` / ``batch`` / ``compile`` in place of the preset's."""
+    ``lr`` / ``batch`` / ``compile`` / ``seconds`` (a time budget) in place of the preset's. Returns
+    the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` run,
+    ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median of the rest)."""
     from gc25d_core.models.vae_fit import fit_tiny_vae
 
     f = cfg.vae.fit
+    ends: list[float] = []
     t0 = time.perf_counter()
-    vae, _ = fit_tiny_vae(
+    vae, summary = fit_tiny_vae(
         clips,
         steps=steps,
         batch=batch or f.batch,
@@ -189,8 +195,18 @@ def fit_vae(
         dim=dim,
         dec_dim=dec_dim or dim,
         compile=f.compile if compile is None else compile,
+        seconds=seconds,
+        log=lambda step, loss: ends.append(time.perf_counter()),
     )
-    return vae, time.perf_counter() - t0
+    fit_s = time.perf_counter() - t0
+    gaps = np.diff(ends)
+    return vae, {
+        "fit_s": round(fit_s, 1),
+        "steps": summary["steps"],
+        "loss_last": summary["loss_last"],
+        "first_step_s": round(ends[0] - t0, 2) if ends else None,
+        "step_s": round(float(np.median(gaps)), 4) if len(gaps) else None,
+    }
 
 
 def parse_fit(spec: str) -> tuple[int, int, int]:
@@ -256,6 +272,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the fits' step through torch.compile (CUDA graphs on a GPU; default the preset's vae.fit.compile)",
     )
+    ap.add_argument(
+        "--fit-seconds",
+        type=float,
+        default=None,
+        help="a time budget for each fit: it stops after the step that passes it (STEPS is then the most)",
+    )
+    ap.add_argument(
+        "--save-dir",
+        type=Path,
+        default=None,
+        help="write each fitted VAE there as tiny_vae_<STEPS>@<DIM>[_compiled].safetensors (+ its SHA256 in the row)",
+    )
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument(
         "--linear",
@@ -320,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         row(name, linear_code_recon(train, truth, k), truth, ids, fit_s=round(time.perf_counter() - t1, 1))
     degrade = [float(m) for m in args.latent_mse.split(",") if m.strip()]
     for i, (steps, dim, dec_dim) in enumerate(fits):
-        vae, fit_s = fit_vae(
+        vae, timing = fit_vae(
             train,
             steps,
             dim,
@@ -330,12 +358,23 @@ def main(argv: list[str] | None = None) -> None:
             lr=args.lr,
             batch=args.batch,
             compile=args.compile,
+            seconds=args.fit_seconds,
         )
+        extra: dict[str, Any] = dict(timing)
+        if args.save_dir is not None:
+            from gc25d_core.models.vae_fit import save_tiny_vae
+
+            stem = f"tiny_vae_{timing['steps']}@{dim}" + (f"-{dec_dim}" if dec_dim != dim else "")
+            stem += "_compiled" if args.compile else ""
+            args.save_dir.mkdir(parents=True, exist_ok=True)
+            extra["file"] = str(args.save_dir / f"{stem}.safetensors")
+            extra["sha256"] = save_tiny_vae(vae, extra["file"])
+        steps = timing["steps"]
         name = f"tiny VAE fit {steps} steps, dim {dim}" + (f" / decoder {dec_dim}" if dec_dim != dim else "")
         name += f", lr {args.lr:g}" if args.lr else ""
         name += f", batch {args.batch}" if args.batch else ""
         name += {True: ", compiled", False: ", eager", None: ""}[args.compile]
-        row(name, recon(vae, truth), truth, ids, fit_s=round(fit_s, 1))
+        row(name, recon(vae, truth), truth, ids, **extra)
         if i == 0:
             spec = f"{steps}@{dim}/{dec_dim}"
             for m in degrade:

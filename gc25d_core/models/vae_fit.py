@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,8 +56,11 @@ def fit_step(
 
 
 def _window(
-    clips: Sequence[np.ndarray], frames: int, crop: int | None, rng: np.random.Generator
+    clips: Sequence[torch.Tensor], frames: int, crop: int | None, rng: np.random.Generator
 ) -> torch.Tensor:
+    """One random window of ``frames`` frames (a random ``crop``² square of them), cut where the
+    clips lie (uint8 ``[F, H, W, 3]`` tensors: on the fit's device, the window never crosses the
+    bus; a batch of 64 cut and converted on the host costs as much as a GPU step)."""
     clip = clips[int(rng.integers(len(clips)))]
     start = int(rng.integers(clip.shape[0] - frames + 1))
     x = clip[start : start + frames]
@@ -65,7 +69,7 @@ def _window(
         ch, cw = min(crop, h), min(crop, w)
         y0, x0 = int(rng.integers(h - ch + 1)), int(rng.integers(w - cw + 1))
         x = x[:, y0 : y0 + ch, x0 : x0 + cw]
-    return frames_to_video(np.ascontiguousarray(x))  # [3, T, H, W] in [-1, 1]
+    return frames_to_video(x)  # [3, T, H, W] in [-1, 1]
 
 
 def fit_tiny_vae(
@@ -84,6 +88,7 @@ def fit_tiny_vae(
     dim: int = 16,
     dec_dim: int = 16,
     compile: bool = False,
+    seconds: float | None = None,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
@@ -91,7 +96,9 @@ def fit_tiny_vae(
     the normalisation statistics come from the first that many frames of every clip (None: all;
     encoding whole 81-frame clips costs as much as dozens of fit steps and moves them little).
     ``dim`` / ``dec_dim``: the encoder's / decoder's base widths. ``compile``: the loss through
-    ``torch.compile`` (one graph, no breaks), on CUDA as CUDA graphs ("reduce-overhead")."""
+    ``torch.compile`` (one graph, no breaks), on CUDA as CUDA graphs ("reduce-overhead").
+    ``seconds``: a time budget; the fit stops after the first step that ends past it (at most
+    ``steps``), and the summary's ``steps`` says how many ran."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     if crop is not None and crop % 16:
@@ -113,9 +120,13 @@ def fit_tiny_vae(
     if compile:  # every window has one shape: one graph, compiled once
         mode = "reduce-overhead" if torch.device(device).type == "cuda" else None
         step_loss = torch.compile(loss_of, mode=mode, dynamic=False)
+    t0 = time.perf_counter()
+    on_device = [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in clips]
     for step in range(steps):
-        x = torch.stack([_window(clips, frames, crop, rng) for _ in range(batch)]).to(device)
+        x = torch.stack([_window(on_device, frames, crop, rng) for _ in range(batch)])
         fit_step(opt, step_loss(x), losses, log, step)
+        if seconds is not None and time.perf_counter() - t0 > seconds:
+            break
     model.eval().requires_grad_(False)
     with torch.no_grad():
         zs = torch.cat(
@@ -126,7 +137,7 @@ def fit_tiny_vae(
     std = zs.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
     set_norm(vae, mean, std)
     return vae, {
-        "steps": steps,
+        "steps": len(losses),
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
     }

@@ -205,3 +205,32 @@ def test_a_vae_whose_sha256_differs_from_its_config_fails_naming_both(tmp_path):
     with pytest.raises(WeightsError) as e:
         build_vae_for(cfg, torch.device("cpu"))
     assert str(fit_file(cfg)) in str(e.value) and str(record_file(cfg)) in str(e.value)
+
+
+def test_windows_cut_where_the_clips_lie_equal_the_host_cut():
+    """The fit cuts its windows from the clips as tensors on its device: the same draws give the
+    same values as the host's cut of the uint8 arrays (so a CPU fit's weights are unchanged)."""
+    from gc25d_core.models.vae import frames_to_video
+    from gc25d_core.models.vae_fit import _window
+
+    clips = [np.random.default_rng(i).integers(0, 256, (13, 48, 80, 3), dtype=np.uint8) for i in range(3)]
+    on_device = [torch.from_numpy(c) for c in clips]
+    for crop in (None, 32, 64):
+        got, want_rng = np.random.default_rng(7), np.random.default_rng(7)
+        for _ in range(5):
+            x = _window(on_device, 9, crop, got)
+            clip = clips[int(want_rng.integers(3))]
+            start = int(want_rng.integers(clip.shape[0] - 9 + 1))
+            w = clip[start : start + 9]
+            if crop is not None:
+                ch, cw = min(crop, 48), min(crop, 80)
+                y0, x0 = int(want_rng.integers(48 - ch + 1)), int(want_rng.integers(80 - cw + 1))
+                w = w[:, y0 : y0 + ch, x0 : x0 + cw]
+            assert torch.equal(x, frames_to_video(np.ascontiguousarray(w)))
+
+
+def test_a_fit_with_a_time_budget_stops_and_says_how_many_steps_ran():
+    vae, summary = fit_tiny_vae(
+        _clips(frames=5), steps=1000, batch=1, frames=5, dim=8, dec_dim=8, seconds=0.0
+    )
+    assert summary["steps"] == 1  # the first step ends past a budget of nothing
