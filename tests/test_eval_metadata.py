@@ -60,3 +60,33 @@ def test_the_eval_metadata_starts_with_the_table_and_the_main_plot(tmp_path):
         assert base64.b64encode(png).decode() in report
     # one entry per plot no more: table, plot, measured, report, exports, not_evaluated, files
     assert len(md) <= 8 and not any(k.startswith("plot ") for k in md)
+
+
+def test_a_stage_with_an_ema_is_evaluated_by_its_ema_alone_unless_raw_beside_ema(tmp_path, monkeypatch):
+    """The eval asset's exports: a hand-off with an EMA export gives that one (the weights deploy
+    takes) and says so; ``raw_beside_ema`` adds the raw one before it; one without an EMA is kept."""
+    from types import SimpleNamespace
+
+    from gc25d_pipeline.defs.eval import assets
+
+    runs = tmp_path / "runs"
+    cfg = SimpleNamespace(paths=SimpleNamespace(runs_root=runs))
+    project = SimpleNamespace(config=lambda: cfg, run_dir=lambda c, folder, ctx: runs / folder / "v000001")
+    sources = [s for s in assets.EVAL_SOURCES if s.label in ("stage1_tf", "stage2_cd")]
+    monkeypatch.setattr(assets, "EVAL_SOURCES", tuple(sources))
+    for s in sources:
+        (runs / assets.run_folder_of(s.asset) / "v000001").mkdir(parents=True)
+        (runs / assets.run_folder_of(s.asset) / "v000001" / s.file).write_text("{}")
+
+    def handoff(label, path, runs_root):
+        raw = EvalExport(label, runs / label / "raw.safetensors", "a" * 64, label, 4)
+        ema = EvalExport(f"{label}_ema", runs / label / "ema.safetensors", "b" * 64, label, 4)
+        return [raw, ema] if label == "stage2_cd" else [raw]
+
+    monkeypatch.setattr(assets, "exports_of_handoff", handoff)
+    alone, skipped = assets.available_exports(project, None)
+    assert [e.label for e in alone] == ["stage1_tf", "stage2_cd_ema"]
+    assert skipped == ["stage2_cd: its EMA export instead (raw_beside_ema: false)"]
+    both, skipped = assets.available_exports(project, None, raw_beside_ema=True)
+    assert [e.label for e in both] == ["stage1_tf", "stage2_cd", "stage2_cd_ema"] and skipped == []
+    assert str(both[2].path) == "stage2_cd/ema.safetensors"  # named relative to the runs root

@@ -91,8 +91,10 @@ def test_the_step_process_imports_no_model_code_for_deploy_export_and_eval(tmp_p
     assert out["success"], proc.stderr[-6000:]
     assert out["modules"] == [], f"the step process imported {out['modules']}"
     assert out["checks"] == [["deploy_contract", True]]
-    # the deploy file is stage 3's EMA: eval reports it as that export's copy, not twice
-    assert out["exports"] == ["sft", "stage1_tf", "stage3_dmd", "stage3_dmd_ema"] == out["table"]
+    # stage 3's EMA alone (raw_beside_ema off), and the deploy file is that EMA: eval reports it
+    # as that export's copy, not twice
+    assert out["exports"] == ["sft", "stage1_tf", "stage3_dmd_ema"] == out["table"]
+    assert "stage3_dmd: its EMA export instead (raw_beside_ema: false)" in out["not_evaluated"]
     assert "deploy: the same weights as stage3_dmd_ema (its deploy copy)" in out["not_evaluated"]
     assert any(s.startswith("stage2_cd: no ") for s in out["not_evaluated"])
     assert (runs / "deploy_export" / "v000001" / "deploy.safetensors").is_file()

@@ -210,13 +210,12 @@ def run_eval(
     todo = {k for k, m in zip(keys, missing, strict=True) if m}
     kept = sorted(f"{label}/{s}" for label, s in keys if (label, s) not in todo)
     computed = {s: 0 for s in docs}
+    ref = Reference(clips, vae_decoder(vae) if ecfg.decode else None)  # decodes each true clip once
     for e in unique:
         sub = {s: c for s, c in cases.items() if (e.label, s) in todo}
         if not sub:
             continue
-        result = evaluate_shared(
-            e, cfg, spec, sub, Reference(clips, vae_decoder(vae) if ecfg.decode else None), device, rep
-        )
+        result = evaluate_shared(e, cfg, spec, sub, ref, device, rep)
         for s in sub:
             computed[s] += len(sub[s])
             if result is not None:

@@ -8,7 +8,8 @@ exports already evaluated. The metadata is read back from the files the job wrot
 
 ``EVAL_SOURCES``: (label, upstream asset, hand-off file) in chain order, derived from the stage table
 (a stage's ``evaluated``) with the deploy file last. A
-hand-off with an EMA export adds ``<label>_ema``; the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
+hand-off with an EMA export gives ``<label>_ema`` (and ``<label>`` beside it with
+``raw_beside_ema``); the deploy export (deploy_export's final.json) is one. Stage 3's EMA milestones join here the same way.
 """
 
 import base64
@@ -76,13 +77,19 @@ class EvalRunConfig(dg.Config):
     live_cells: int | None = Field(
         default=None, ge=2, description="shorten the live sessions to this many cells (a quick look, tests)"
     )
+    raw_beside_ema: bool = Field(
+        default=False,
+        description="evaluate a stage's raw export beside its EMA export; default the EMA alone, the "
+        "weights the deploy export takes (each export costs the eval as much as any other)",
+    )
 
 
 def available_exports(
-    project: Gc25dProject, context: dg.AssetExecutionContext
+    project: Gc25dProject, context: dg.AssetExecutionContext, raw_beside_ema: bool = False
 ) -> tuple[list[EvalExport], list[str]]:
     """The exports of the sources whose hand-off file exists for this partition, and what is skipped
-    (the job leaves out a deploy copy of an export it evaluates too: gc25d_core.eval.run)."""
+    (the job leaves out a deploy copy of an export it evaluates too: gc25d_core.eval.run). A hand-off
+    with an EMA export gives that one alone unless ``raw_beside_ema``."""
     cfg = project.config()
     exports: list[EvalExport] = []
     skipped: list[str] = []
@@ -93,9 +100,12 @@ def available_exports(
             continue
         try:
             found = exports_of_handoff(src.label, path, cfg.paths.runs_root)
-            exports += [e.relative_to(cfg.paths.runs_root) for e in found]
         except ConfigError as e:
             raise dg.Failure(f"eval source {src.label}: {e}", allow_retries=False) from None
+        if len(found) > 1 and not raw_beside_ema:  # [raw, EMA]
+            skipped.append(f"{src.label}: its EMA export instead (raw_beside_ema: false)")
+            found = found[1:]
+        exports += [e.relative_to(cfg.paths.runs_root) for e in found]
     return exports, skipped
 
 
@@ -118,12 +128,12 @@ def eval_asset(
 ) -> dg.MaterializeResult:
     cfg = project.config()
     version = published_snapshot(cfg, context.partition_key)
-    exports, skipped = available_exports(project, context)
+    exports, skipped = available_exports(project, context, config.raw_beside_ema)
     for line in skipped:
         context.log.info(f"not evaluated (not produced yet): {line}")
     if not exports:
         raise dg.Failure(f"no export to evaluate for {context.partition_key}: " + "; ".join(skipped))
-    settings = config.model_dump()
+    settings = config.model_dump(exclude={"raw_beside_ema"})  # the exports' choice, not the sweeps'
     if settings["live_sweeps"] is None:
         settings["live_sweeps"] = default_live_sweeps(cfg)
     ecfg = EvalConfig(**settings, teacher_window=cfg.timeline.num_cells)
