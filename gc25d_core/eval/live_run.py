@@ -4,8 +4,9 @@ task; the tasks go to the ranks longest first, each to the rank with the least w
 
 The truth of a sweep is drawn once per job, its frames shared among the ranks (each ray-casts the
 frames f ≡ rank mod world into one memory-mapped file of the run folder; a long session's in a
-process pool beside the sessions, see ``Truths``); the VAE encodes it on the ranks that score an
-own rollout. A rank loads an export once and plays its tasks of it in turn
+process pool beside the sessions, see ``Truths``); a rank that needs the truth waits until every
+rank has drawn its share, not until every rank asks for it. The VAE encodes it on the ranks that
+score an own rollout. A rank loads an export once and plays its tasks of it in turn
 (``LiveSession.start`` resets the world, the cache and the noise). Rank 0 gathers the scored
 rollouts (per-frame numbers, a few frames) and assembles each (export, sweep) row.
 """
@@ -54,7 +55,14 @@ class Truths:
     frames f ≡ rank mod world). Where the drawing takes a process pool (a long session) it runs
     beside the sessions: a thread feeds the pool while this rank loads and plays its exports, and
     ``get`` waits for it only when the first rollout is scored (a ten-minute session's truth is
-    minutes of ray casts on the CPU, its first rollout as long on the GPU)."""
+    minutes of ray casts on the CPU, its first rollout as long on the GPU).
+
+    A rank that has drawn its share says so with a file of its own in the run folder (written after
+    its frames are flushed), and ``get`` waits for those files rather than meeting the other ranks
+    in a barrier: a barrier would hold a rank whose first rollout is short until the others have
+    played their first, long one."""
+
+    WAIT_S = 1800.0  # as long as the process group's own timeout
 
     def __init__(
         self,
@@ -69,13 +77,16 @@ class Truths:
         self.rank, self.world = global_rank(), world_size()
         self.backend, self.plays, self.log = backend, plays, log
         self.paths = {n: run_dir / "live" / f"{n}_truth.npy" for n in sorted(plays)}
+        self.drawn_marks = [run_dir / "live" / f"truth_drawn.rank{r}" for r in range(self.world)]
         frame_shape = backend.rgb_frames(backend.states([]), 1)[0].shape
         shapes = {n: (1 + 4 * len(plays[n]["own"]), *frame_shape) for n in self.paths}
         if self.rank == 0:
             for n, path in self.paths.items():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 open_memmap(path, mode="w+", dtype=np.uint8, shape=shapes[n]).flush()
-        barrier()
+            for mark in self.drawn_marks:  # an earlier job's, in a run folder used again
+                mark.unlink(missing_ok=True)
+        barrier()  # the files exist and no rank's mark is an earlier job's
         self._out = {n: open_memmap(path, mode="r+") for n, path in self.paths.items()}
         self.workers = {n: L.truth_workers(shapes[n][0], self.world) for n in self.paths}
         self._changed_for = changed_for
@@ -118,10 +129,21 @@ class Truths:
                 f"{name}: the truth's {len(out)} frames drawn in {time.perf_counter() - t0:.1f} s{where} "
                 f"({workers} process{'es' if workers > 1 else ''})"
             )
+        self.drawn_marks[self.rank].touch()
+
+    def _wait_for_ranks(self) -> None:
+        t0 = time.perf_counter()
+        while not all(m.exists() for m in self.drawn_marks):
+            if time.perf_counter() - t0 > self.WAIT_S:
+                missing = [m.name for m in self.drawn_marks if not m.exists()]
+                raise TimeoutError(f"the live truth: no {missing} after {self.WAIT_S:.0f} s")
+            time.sleep(0.05)
+        if time.perf_counter() - t0 > 1.0:
+            self.log(f"waited {time.perf_counter() - t0:.1f} s for the other ranks' truth frames")
 
     def get(self) -> dict[str, L.Truth]:
-        """Every sweep's truth once all ranks have drawn their frames (every rank calls this, in
-        the same order of its other collectives: before its first scoring and before the gather)."""
+        """Every sweep's truth once all ranks have drawn their frames (no collective: a rank
+        calls it when it first scores, and before the gather)."""
         if self._done is None:
             if self._thread is not None:
                 t0 = time.perf_counter()
@@ -130,7 +152,7 @@ class Truths:
                     self.log(f"waited {time.perf_counter() - t0:.1f} s for the truth")
             if self._error is not None:
                 raise self._error
-            barrier()
+            self._wait_for_ranks()
             for name, truth in self._drawn.items():
                 truth.frames = np.load(self.paths[name], mmap_mode="r")
             self._done = self._drawn
@@ -203,7 +225,7 @@ def run_live(
             rows[label, name] = live_row(sweep, {k: done[label, name, k] for k in L.KINDS}, truth)
             if keep is not None:
                 keep((label, name), rows[label, name])
-    truths = truth_of.get()  # a rank with nothing to play still draws its share and meets the barrier
+    truths = truth_of.get()  # a rank with nothing to play still draws its share
     parts: list[Any] | None = [done]
     if dist_active():
         import torch.distributed as dist

@@ -288,3 +288,39 @@ def test_cuda_eval_sessions_replay_graphs_with_the_eager_paths_results(world):
     for eager, graphed in zip(played[False], played[True], strict=True):
         assert torch.equal(eager.latents, graphed.latents)
         assert np.array_equal(eager.ids, graphed.ids) and np.array_equal(eager.frames, graphed.frames)
+
+
+def test_a_rank_gets_the_truth_once_every_rank_has_drawn_not_once_every_rank_asks(
+    world, tmp_path, monkeypatch
+):
+    """Two ranks of one job: rank 0 asks for the truth first and has it as soon as rank 1 has drawn
+    its frames, without rank 1 asking for it (no collective); a mark an earlier job left in the run
+    folder is cleared before anyone draws."""
+    import threading
+
+    from gc25d_core.eval import live_run
+
+    _, _, backend, _ = world
+    sweep = L.live_sweep("live240", cells=CELLS)
+    plays = {sweep.name: live_run.scripts(sweep)}
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "truth_drawn.rank1").touch()  # an earlier job's
+    monkeypatch.setattr(live_run, "world_size", lambda: 2)
+    monkeypatch.setattr(live_run, "barrier", lambda: None)  # both "ranks" set up before either draws
+    monkeypatch.setattr(live_run, "global_rank", lambda: 0)
+    rank0 = live_run.Truths(backend, plays, set(), tmp_path, lambda m: None)  # draws frames 0, 2, 4, …
+    assert not (tmp_path / "live" / "truth_drawn.rank1").exists()
+    draw = live_run.Truths._draw
+    monkeypatch.setattr(live_run, "global_rank", lambda: 1)
+    monkeypatch.setattr(live_run.Truths, "_draw", lambda self: None)  # rank 1 draws later
+    rank1 = live_run.Truths(backend, plays, set(), tmp_path, lambda m: None)
+    got: dict[str, L.Truth] = {}
+    waiting = threading.Thread(target=lambda: got.update(rank0.get()))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # rank 1's frames are not drawn: rank 0 has no truth yet
+    draw(rank1)  # frames 1, 3, 5, …, then its mark
+    waiting.join(10)
+    frames = L.render_truth(backend, plays[sweep.name]["own"]).frames
+    assert not waiting.is_alive() and np.array_equal(got[sweep.name].frames, frames)
+    assert np.array_equal(rank1.get()[sweep.name].frames, frames)
