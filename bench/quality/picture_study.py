@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
         "--save-dir",
         type=Path,
         default=None,
-        help="write each fitted VAE there as tiny_vae_<STEPS>@<DIM>[_compiled].safetensors (+ its SHA256 in the row)",
+        help="write each fitted VAE there as tiny_vae_<STEPS>steps_<DIM>[_<DEC_DIM>][_compiled].safetensors "
+        "(its SHA256 in the row)",
     )
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument(
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.save_dir is not None:
             from gc25d_core.models.vae_fit import save_tiny_vae
 
-            stem = f"tiny_vae_{timing['steps']}@{dim}" + (f"-{dec_dim}" if dec_dim != dim else "")
+            # no '@' in the name: the device tool brings back no file named with one
+            stem = f"tiny_vae_{timing['steps']}steps_{dim}" + (f"_{dec_dim}" if dec_dim != dim else "")
             stem += "_compiled" if args.compile else ""
             args.save_dir.mkdir(parents=True, exist_ok=True)
             extra["file"] = str(args.save_dir / f"{stem}.safetensors")

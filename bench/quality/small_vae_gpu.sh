@@ -30,10 +30,7 @@ EOF
 fi
 end=$((SECONDS + ${WAIT:-540}))
 while [ $SECONDS -lt $end ] && [ ! -e $W/rc ]; do sleep 5; done
-cp $W/*.log /tmp/small/pictures/*.npz "$OUT/" 2> /dev/null
-for f in $W/vae/*.safetensors; do  # the device tool brings back no name with an '@'
-  [ -e "$f" ] && b=$(basename "$f") && cp "$f" "$OUT/${b//@/_at_}"
-done
+cp $W/*.log $W/vae/*.safetensors /tmp/small/pictures/*.npz "$OUT/" 2> /dev/null
 (cd /tmp/small 2> /dev/null && find . \( -name '*.md' -o -name '*.json' \) -size -2M -path './runs/*' -print0 \
   | tar -czf "$OUT/small_reports.tgz" --null -T -) 2> /dev/null
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
