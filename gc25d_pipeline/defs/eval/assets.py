@@ -130,7 +130,7 @@ def eval_asset(
     version = published_snapshot(cfg, context.partition_key)
     exports, skipped = available_exports(project, context, config.raw_beside_ema)
     for line in skipped:
-        context.log.info(f"not evaluated (not produced yet): {line}")
+        context.log.info(f"not evaluated: {line}")  # each line says why
     if not exports:
         raise dg.Failure(f"no export to evaluate for {context.partition_key}: " + "; ".join(skipped))
     settings = config.model_dump(exclude={"raw_beside_ema"})  # the exports' choice, not the sweeps'
