@@ -130,7 +130,7 @@ def fit_tiny_vae(
     model.eval().requires_grad_(False)
     with torch.no_grad():
         zs = torch.cat(
-            [model.encode(frames_to_video(c[:norm_frames])[None].to(device), scale).cpu() for c in clips]
+            [model.encode(frames_to_video(c[:norm_frames])[None], scale).cpu() for c in on_device]
         )  # [N, 48, T, h, w]
     model.cpu()
     mean = zs.mean(dim=(0, 2, 3, 4))
