@@ -217,6 +217,12 @@ class TinyVaeFitConfig(Strict):
         "graphs: at these widths the step is thousands of tiny kernels, launch-bound on a GPU. The "
         "weights differ within float rounding, so it is part of the fit's key",
     )
+    state_every_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds of fitting between writes of the fit's progress (weights, Adam, the step) "
+        "beside the weights: a killed fit, or one whose steps were raised, continues from it",
+    )
     eval_frames: int = Field(
         default=17,
         ge=1,

@@ -1,6 +1,8 @@
 """bench.quality.picture_sheet's frames file: what the GPU machine keeps of a played session and
 the probe reads elsewhere (issue 35's picture on the `small` preset)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -74,13 +76,16 @@ def test_picture_study_fits_take_the_batch_and_rate_given_else_the_presets(monke
 
     def fit(clips, **kw):  # what the fit was asked for; no fit
         seen.append(kw)
-        return None, {"steps": kw["steps"], "loss_last": None}
+        return None, {"steps": kw["steps"], "resumed_from": 0, "loss_last": None}
 
     monkeypatch.setattr("gc25d_core.models.vae_fit.fit_tiny_vae", fit)
     cfg = load_config("small")
     _, timing = picture_study.fit_vae([], 5, 16, cfg, batch=16, lr=2e-3, seconds=30.0)
     picture_study.fit_vae([], 5, 16, cfg)
+    picture_study.fit_vae([], 5, 16, cfg, state=Path("fit.state.safetensors"))
     assert (seen[0]["batch"], seen[0]["lr"], seen[0]["seconds"]) == (16, 2e-3, 30.0)
+    assert seen[0]["state"] is None and seen[2]["state"] == Path("fit.state.safetensors")
+    assert seen[2]["state_must_match"]  # a state the user names is continued, never replaced
     assert (seen[1]["batch"], seen[1]["lr"], seen[1]["seconds"]) == (cfg.vae.fit.batch, cfg.vae.fit.lr, None)
     assert (cfg.vae.fit.batch, cfg.vae.fit.lr) == (64, 1e-3)
     assert timing["steps"] == 5 and timing["step_s"] is None  # no step ran: no step time

@@ -232,3 +232,28 @@ def test_latents_batch_encoded_before_a_failure_is_still_written(tmp_path, tiny_
     assert done == [rows[0].clip_id]
     read_latents(layout.latents(rows[0].clip_id), Shapes.of(cfg))  # complete and valid
     assert not layout.latents(rows[1].clip_id).exists()
+
+
+def test_the_tiny_vae_job_continues_its_fit_when_its_steps_are_raised(tmp_path, tiny_raw, one_thread):
+    """The tiny_vae job keeps the fit's state beside the weights: raised from 2 steps to 3, it
+    continues from step 2 and writes the weights a 3-step fit in one go writes (same SHA256)."""
+    from gc25d_core.models.vae_fit import state_file
+    from gc25d_core.preprocess.tiny_vae import run_fit
+    from gc25d_core.report import StdoutReporter
+
+    def cfg_of(root: Path, steps: int):
+        fit = dict(enabled=True, steps=steps, batch=1, crop=32, eval_frames=5, dim=8, dec_dim=8)
+        cfg = load_config(
+            "tiny",
+            {"paths": {"data_root": str(root)}, "raw": {"root": str(tiny_raw.root)}, "vae": {"fit": fit}},
+        )
+        build_and_write(tiny_raw.root, cfg)
+        return cfg
+
+    rep = StdoutReporter(rank=0)
+    short = run_fit(cfg_of(tmp_path / "a", 2), rep)
+    assert short["resumed_from"] == 0 and state_file(cfg_of(tmp_path / "a", 2)).is_file()
+    raised = run_fit(cfg_of(tmp_path / "a", 3), rep)
+    whole = run_fit(cfg_of(tmp_path / "b", 3), rep)
+    assert raised["resumed_from"] == 2 and whole["resumed_from"] == 0
+    assert raised["sha256"] == whole["sha256"] != short["sha256"]

@@ -23,7 +23,8 @@ Usage: python -m bench.quality.picture_study --raw /tmp/picture/raw --work /tmp/
     [--threads 2]
 GPU, the small preset: ... --preset small --device cuda --fits 600@16,600@32,600@32/64 --latent-mse ''
 A fit for a time budget, kept: --fits 100000@16 --fit-seconds 400 --save-dir DIR (each row then
-gives the steps run, the first step's seconds, a compile's included, and the median step's).
+gives the steps run, the first step's seconds, a compile's included, and the median step's); with
+--state FILE it continues from that file and leaves its progress there for the next run.
 ``--raw``: the preset's code world (generated there when missing: a minute for tiny, ~3 for small).
 """
 
@@ -171,12 +172,15 @@ def fit_vae(
     batch: int | None = None,
     compile: bool | None = None,
     seconds: float | None = None,
+    state: Path | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
     ``lr`` / ``batch`` / ``compile`` / ``seconds`` (a time budget) in place of the preset's. Returns
-    the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` run,
-    ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median of the rest)."""
+    the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` the
+    weights have had, ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median
+    of the rest). ``state``: the fit continues from that state file (fit_tiny_vae's; it must be this
+    fit's) and keeps its progress there, ``resumed_from`` then says from which step."""
     from gc25d_core.models.vae_fit import fit_tiny_vae
 
     f = cfg.vae.fit
@@ -197,12 +201,16 @@ def fit_vae(
         compile=f.compile if compile is None else compile,
         seconds=seconds,
         log=lambda step, loss: ends.append(time.perf_counter()),
+        state=state,
+        state_must_match=True,
+        note=print,
     )
     fit_s = time.perf_counter() - t0
     gaps = np.diff(ends)
     return vae, {
         "fit_s": round(fit_s, 1),
         "steps": summary["steps"],
+        "resumed_from": summary["resumed_from"],
         "loss_last": summary["loss_last"],
         "first_step_s": round(ends[0] - t0, 2) if ends else None,
         "step_s": round(float(np.median(gaps)), 4) if len(gaps) else None,
@@ -285,6 +293,13 @@ def main(argv: list[str] | None = None) -> None:
         help="write each fitted VAE there as tiny_vae_<STEPS>steps_<DIM>[_<DEC_DIM>][_compiled].safetensors "
         "(its SHA256 in the row)",
     )
+    ap.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="with one fit in --fits: its progress file (weights, Adam, the step): the fit continues from "
+        "it and keeps writing it, so a long fit adds up across runs (a time budget each, --fit-seconds)",
+    )
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument(
         "--linear",
@@ -307,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
     fits = [parse_fit(f) for f in args.fits.split(",") if f.strip()]
+    if args.state is not None and len(fits) != 1:
+        raise SystemExit(f"--state {args.state}: one fit's progress; --fits names {len(fits)}")
     if not (args.raw / "codeworld.json").is_file():  # the preset's code world, seeded
         raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=os.cpu_count() or 1)
     rows: list[dict[str, Any]] = []
@@ -360,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
             batch=args.batch,
             compile=args.compile,
             seconds=args.fit_seconds,
+            state=args.state,
         )
         extra: dict[str, Any] = dict(timing)
         if args.save_dir is not None:
@@ -376,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         name += f", lr {args.lr:g}" if args.lr else ""
         name += f", batch {args.batch}" if args.batch else ""
         name += {True: ", compiled", False: ", eager", None: ""}[args.compile]
+        name += f" (continued from step {timing['resumed_from']})" if timing["resumed_from"] else ""
         row(name, recon(vae, truth), truth, ids, **extra)
         if i == 0:
             spec = f"{steps}@{dim}/{dec_dim}"

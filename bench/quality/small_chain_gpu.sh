@@ -11,9 +11,7 @@
 # Its log and, once it is done, its reports come back under $OUT; a finished chain's exit status is the call's.
 set -u
 cd "$(dirname "$0")/../.."
-[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-  DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+source bench/gpu_env.sh
 LOG=/tmp/small_chain.log RC=/tmp/small_chain.rc OUT=${OUT:-/tmp/small_chain_out}
 mkdir -p "$OUT"
 [ "${RESTART:-0}" = 1 ] && rm -f $RC  # after a failed run: start it again (it resumes)

@@ -5,8 +5,11 @@ The tiny preset's ``TinyWanVideoVAE38`` is random: its latents are random featur
 learn what the picture depends on. ``fit_tiny_vae`` trains the same class as an autoencoder on
 code-world frames for a few hundred CPU steps (MSE of decode(encode(x)); Adam 5e-4), then
 sets the per-channel normalisation from the latents of the frames it saw, like the real VAE's mean /
-std constants. ``save_tiny_vae`` writes safetensors (weights + ``norm.mean`` / ``norm.std``) and
-returns its SHA256; ``load_tiny_vae`` checks that digest before building the model.
+std constants. Given a state file, the fit keeps its progress there (weights, Adam's moments, the
+window draws' generator, the step) and continues from it: a fit killed part way, or one whose
+``steps`` were raised, goes on where it stopped, to the same weights as a fit run in one go.
+``save_tiny_vae`` writes safetensors (weights + ``norm.mean`` / ``norm.std``) and returns its
+SHA256; ``load_tiny_vae`` checks that digest before building the model.
 
 The ``tiny_vae`` asset's job (gc25d_core.preprocess.tiny_vae.run_fit) reads the train split's
 frames and writes the weights and a record file (``<file>.json``: SHA256, the key of the inputs,
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 NORM_KEYS = ("norm.mean", "norm.std")
 FIT_FORMAT = "gc25d_tiny_vae38"
 FIT_VERSION = 3  # part of the inputs key: bump it when the fit's code changes what it produces
+STATE_FORMAT = "gc25d_tiny_vae_fit_state"
 
 
 def fit_step(
@@ -89,6 +93,10 @@ def fit_tiny_vae(
     dec_dim: int = 16,
     compile: bool = False,
     seconds: float | None = None,
+    state: Path | str | None = None,
+    state_every_s: float = 60.0,
+    state_must_match: bool = False,
+    note: Callable[[str], None] | None = None,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
@@ -98,7 +106,14 @@ def fit_tiny_vae(
     ``dim`` / ``dec_dim``: the encoder's / decoder's base widths. ``compile``: the loss through
     ``torch.compile`` (one graph, no breaks), on CUDA as CUDA graphs ("reduce-overhead").
     ``seconds``: a time budget; the fit stops after the first step that ends past it (at most
-    ``steps``), and the summary's ``steps`` says how many ran."""
+    ``steps``), and the summary's ``steps`` says how many the weights have had.
+
+    ``state``: the fit's progress file (``FitState``), written atomically every ``state_every_s``
+    seconds of fitting and when the fit ends. One written by a fit of the same trajectory (clips,
+    settings, device kind, threads: ``trajectory_key``; not ``steps``) at a step ≤ ``steps`` is
+    continued: the weights equal an uninterrupted fit's, bit for bit. Any other (another
+    trajectory, further than ``steps``, bytes that fail its digest) is an error naming the file
+    with ``state_must_match``, else the fit starts over and ``note`` says why. The summary's ``resumed_from`` is the step it continued from (0: a fresh fit)."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     if crop is not None and crop % 16:
@@ -110,6 +125,22 @@ def fit_tiny_vae(
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     losses: list[float] = []
+    saver, start, loss_first = None, 0, None
+    if state is not None:
+        key = trajectory_key(
+            clips, batch=batch, frames=frames, lr=lr, latent_l2=latent_l2, seed=seed, crop=crop,
+            dim=dim, dec_dim=dec_dim, device=device, compile=compile,
+        )  # fmt: skip
+        saver = FitState(Path(state), key)
+        try:
+            start, loss_first = saver.restore(model, opt, rng, steps)
+        except FitStateError as e:
+            if state_must_match:
+                raise
+            if note is not None:
+                note(f"{e}: the fit starts from step 0 and replaces it")
+        if start and note is not None:
+            note(f"the fit continues from step {start} of {saver.path}")
 
     def loss_of(x: torch.Tensor) -> torch.Tensor:
         z = model.encode(x, scale)
@@ -120,13 +151,21 @@ def fit_tiny_vae(
     if compile:  # every window has one shape: one graph, compiled once
         mode = "reduce-overhead" if torch.device(device).type == "cuda" else None
         step_loss = torch.compile(loss_of, mode=mode, dynamic=False)
-    t0 = time.perf_counter()
+    t0 = saved_at = time.perf_counter()
     on_device = [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in clips]
-    for step in range(steps):
+    for step in range(start, steps):
         x = torch.stack([_window(on_device, frames, crop, rng) for _ in range(batch)])
         fit_step(opt, step_loss(x), losses, log, step)
-        if seconds is not None and time.perf_counter() - t0 > seconds:
+        loss_first = losses[0] if loss_first is None else loss_first
+        now = time.perf_counter()
+        if saver is not None and now - saved_at > state_every_s:
+            saver.save(model, opt, rng, step + 1, loss_first)
+            saved_at = now
+        if seconds is not None and now - t0 > seconds:
             break
+    done = start + len(losses)
+    if saver is not None:
+        saver.save(model, opt, rng, done, loss_first)
     model.eval().requires_grad_(False)
     with torch.no_grad():
         zs = torch.cat(
@@ -137,10 +176,123 @@ def fit_tiny_vae(
     std = zs.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
     set_norm(vae, mean, std)
     return vae, {
-        "steps": len(losses),
-        "loss_first": losses[0] if losses else None,
+        "steps": done,
+        "resumed_from": start,
+        "loss_first": loss_first,
         "loss_last": losses[-1] if losses else None,
     }
+
+
+class FitStateError(ValueError):
+    """A state file that cannot be continued (another trajectory, further than asked, bad bytes)."""
+
+
+def trajectory_key(
+    clips: Sequence[np.ndarray],
+    *,
+    batch: int,
+    frames: int,
+    lr: float,
+    latent_l2: float,
+    seed: int,
+    crop: int | None,
+    dim: int,
+    dec_dim: int,
+    device: str,
+    compile: bool,
+) -> str:
+    """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
+    sets their rounding (the device's kind, the compile, a CPU fit's threads), so a continued fit is
+    bit for bit the fit run in one go. ``steps`` is not in it: a longer fit continues a shorter one."""
+    h = hashlib.sha256()
+    kind = torch.device(device).type
+    head = {
+        "format": STATE_FORMAT, "version": FIT_VERSION, "batch": batch, "frames": frames, "lr": lr,
+        "latent_l2": latent_l2, "seed": seed, "crop": crop, "dim": dim, "dec_dim": dec_dim,
+        "clips": [list(c.shape) for c in clips], "device": kind, "compile": compile,
+        "threads": torch.get_num_threads() if kind == "cpu" else None,
+    }  # fmt: skip
+    h.update(json.dumps(head, sort_keys=True).encode())
+    for clip in clips:
+        h.update(np.ascontiguousarray(clip).tobytes())
+    return h.hexdigest()
+
+
+class FitState:
+    """A fit's progress in one safetensors file: ``model.<name>`` (the weights), ``adam.<i>.<name>``
+    (Adam's per-parameter state, ``step`` included) and metadata (the trajectory key, the step, the
+    window generator's state, the first loss, and ``digest``: SHA256 of every tensor's name and
+    bytes, checked before anything is used, since the file may have travelled in pieces)."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key = path, key
+
+    @staticmethod
+    def digest(tensors: dict[str, torch.Tensor]) -> str:
+        h = hashlib.sha256()
+        for name in sorted(tensors):
+            h.update(name.encode() + b"\0")
+            h.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def save(
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator, step: int,
+        loss_first: float | None,
+    ) -> None:  # fmt: skip
+        from gc25d_core.models.safetensors_file import save_safetensors
+
+        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        for i, per_param in opt.state_dict()["state"].items():
+            for name, v in per_param.items():
+                tensors[f"adam.{i}.{name}"] = v.detach().cpu().contiguous()
+        meta = {
+            "format": STATE_FORMAT,
+            "key": self.key,
+            "step": str(step),
+            "rng": json.dumps(rng.bit_generator.state),
+            "loss_first": json.dumps(loss_first),
+            "digest": self.digest(tensors),
+        }
+        save_safetensors(tensors, self.path, meta)
+
+    def restore(
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator, steps: int
+    ) -> tuple[int, float | None]:
+        """(step, first loss) of the state file loaded into ``model`` / ``opt`` / ``rng``; (0, None)
+        and nothing touched when there is no file; FitStateError when it cannot be continued."""
+        from safetensors import SafetensorError, safe_open
+
+        if not self.path.is_file():
+            return 0, None
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no mapping)
+        except (SafetensorError, OSError) as e:
+            raise FitStateError(f"{self.path}: not a readable state file ({e})") from None
+        if meta.get("format") != STATE_FORMAT:
+            raise FitStateError(f"{self.path}: field 'format' is {meta.get('format')!r}, not {STATE_FORMAT}")
+        if meta.get("digest") != self.digest(tensors):
+            raise FitStateError(f"{self.path}: its tensors do not match its field 'digest' (damaged?)")
+        if meta.get("key") != self.key:
+            raise FitStateError(f"{self.path}: field 'key' is another fit's (other clips or settings)")
+        step = int(meta.get("step", "-1")) if meta.get("step", "").isdigit() else -1
+        if not 0 <= step <= steps:
+            raise FitStateError(f"{self.path}: field 'step' {meta.get('step')!r} is not in 0..{steps}")
+        weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for k, v in tensors.items():
+            if k.startswith("adam."):
+                _, i, name = k.split(".", 2)
+                per_param.setdefault(int(i), {})[name] = v
+        try:
+            model.load_state_dict(weights, strict=True)
+            opt.load_state_dict({"state": per_param, "param_groups": opt.state_dict()["param_groups"]})
+            rng.bit_generator.state = json.loads(meta["rng"])
+            loss_first = json.loads(meta["loss_first"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise FitStateError(f"{self.path}: does not fit this model ({e})") from None
+        return step, loss_first
 
 
 def set_norm(vae: TinyWanVideoVAE38, mean: torch.Tensor, std: torch.Tensor) -> None:
@@ -212,6 +364,12 @@ def fit_file(cfg: Gc25dConfig) -> Path:
     return Path(cfg.paths.data_root) / cfg.vae.fit.file
 
 
+def state_file(cfg: Gc25dConfig) -> Path:
+    """The fit's progress (FitState) beside the weights: a killed fit continues from it, and so
+    does a fit whose ``steps`` were raised."""
+    return fit_file(cfg).with_suffix(".state.safetensors")
+
+
 def record_file(cfg: Gc25dConfig) -> Path:
     """The fit's record: ``{"path", "sha256", "inputs_key", ...summary}`` (JSON) beside the weights."""
     return fit_file(cfg).with_suffix(".json")
@@ -239,7 +397,7 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     # the fits made before keep theirs and are not fitted again
     default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
     settings = cfg.vae.fit.model_dump(
-        exclude={"file", "enabled"}
+        exclude={"file", "enabled", "state_every_s"}
         | ({"dim", "dec_dim"} if default_widths else set())
         | (set() if cfg.vae.fit.compile else {"compile"})  # likewise the compile, off
     )

@@ -28,6 +28,7 @@ from gc25d_core.models.vae_fit import (
     recon_mse,
     record_file,
     save_tiny_vae,
+    state_file,
     uses_fitted_vae,
 )
 from gc25d_core.preprocess.latents import load_clip_frames
@@ -62,11 +63,13 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         f"{fit.frames} frames" + (f", {fit.crop}² crops" if fit.crop else "")
     )
     t_fit, every = time.perf_counter(), max(fit.steps // 10, 1)
+    first: list[int] = []  # the first step this run fits (after a resume: the state's next)
 
     def log(step: int, loss: float) -> None:
         rep.metrics(step, vae_fit_loss=loss)
+        first[:] = first or [step]
         if step % every == 0 or step == fit.steps:
-            rate = step / (time.perf_counter() - t_fit)
+            rate = (step - first[0] + 1) / (time.perf_counter() - t_fit)
             eta = (fit.steps - step) / rate if rate > 0 else float("nan")
             rep.log(f"tiny VAE step {step}/{fit.steps}: loss {loss:.4f} ({rate:.2f} steps/s, ETA {eta:.0f}s)")
 
@@ -84,6 +87,9 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         dim=fit.dim,
         dec_dim=fit.dec_dim,
         compile=fit.compile,
+        state=state_file(cfg),
+        state_every_s=fit.state_every_s,
+        note=lambda text: rep.log(f"tiny VAE: {text}"),
     )
     fit_s = time.perf_counter() - t_fit
     n = fit.eval_frames
@@ -98,6 +104,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         "train_clips": len(train),
         "heldout_clips": len(held),
         "steps": fit.steps,
+        "resumed_from": summary["resumed_from"],  # the step its state file held (0: fitted in one go)
         "loss_first": summary["loss_first"],
         "loss_last": summary["loss_last"],
         # the first eval_frames of every clip through encode + decode, pixels in [-1, 1]

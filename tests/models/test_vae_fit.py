@@ -234,3 +234,95 @@ def test_a_fit_with_a_time_budget_stops_and_says_how_many_steps_ran():
         _clips(frames=5), steps=1000, batch=1, frames=5, dim=8, dec_dim=8, seconds=0.0
     )
     assert summary["steps"] == 1  # the first step ends past a budget of nothing
+
+
+def _state_fit(steps: int, state=None, **kw):
+    """A small fit (width 8, one 5-frame window a step) and its weights."""
+    args = dict(steps=steps, batch=1, frames=5, dim=8, dec_dim=8, seed=0, state=state) | kw
+    vae, summary = fit_tiny_vae(_clips(frames=5), **args)
+    return vae.model.state_dict(), summary
+
+
+def _same_weights(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_fit_continued_from_its_state_equals_the_fit_in_one_go(tmp_path):
+    """The state file carries weights, Adam's moments and the window draws: 3 steps, then the
+    same fit raised to 6, gives the 6-step fit's weights bit for bit; so does a fit killed after
+    its 4th step (its state written every step) and run again."""
+    whole, whole_summary = _state_fit(6)
+    state = tmp_path / "fit.state.safetensors"
+    _, first = _state_fit(3, state)
+    assert first["steps"] == 3 and first["resumed_from"] == 0 and state.is_file()
+    notes: list[str] = []
+    continued, summary = _state_fit(6, state, note=notes.append)
+    assert summary["steps"] == 6 and summary["resumed_from"] == 3
+    assert summary["loss_first"] == whole_summary["loss_first"]
+    assert summary["loss_last"] == whole_summary["loss_last"]
+    assert _same_weights(continued, whole) and any("step 3" in n for n in notes)
+    from gc25d_core.atomic import file_mode
+
+    assert state.stat().st_mode & 0o777 == file_mode()  # the umask's mode, as every file written here
+
+    killed = tmp_path / "killed.state.safetensors"
+
+    def die_after_4(step: int, loss: float) -> None:
+        if step == 4:
+            raise KeyboardInterrupt  # what a kill leaves: the last state written, nothing after
+
+    with pytest.raises(KeyboardInterrupt):
+        _state_fit(6, killed, log=die_after_4, state_every_s=0.0)
+    again, summary = _state_fit(6, killed)
+    assert summary["resumed_from"] == 3  # the 4th step's save never ran: it died in its log
+    assert _same_weights(again, whole)
+
+    rerun, summary = _state_fit(6, state)  # a finished state asked for the same steps: no step more
+    assert summary["resumed_from"] == 6 and summary["steps"] == 6 and _same_weights(rerun, whole)
+
+
+def test_a_state_that_cannot_be_continued_is_named_or_replaced(tmp_path):
+    """Another fit's state, one further than asked, or bytes that fail the digest: an error naming
+    the file and the field where the caller asked to continue, else a fresh fit and a note."""
+    from gc25d_core.models.vae_fit import FitStateError
+
+    state = tmp_path / "fit.state.safetensors"
+    _state_fit(4, state)
+    with pytest.raises(FitStateError) as e:
+        _state_fit(4, state, lr=1e-3, state_must_match=True)
+    assert str(state) in str(e.value) and "'key'" in str(e.value)
+    with pytest.raises(FitStateError, match="'step'"):
+        _state_fit(2, state, state_must_match=True)
+
+    fresh, _ = _state_fit(2, None, lr=1e-3)
+    notes: list[str] = []
+    replaced, summary = _state_fit(2, state, lr=1e-3, note=notes.append)
+    assert summary["resumed_from"] == 0 and _same_weights(replaced, fresh)
+    assert any("'key'" in n and "starts from step 0" in n for n in notes)
+
+    data = bytearray(state.read_bytes())
+    data[-3] ^= 0xFF  # a tensor byte: the header still parses
+    state.write_bytes(bytes(data))
+    with pytest.raises(FitStateError, match="'digest'"):
+        _state_fit(4, state, lr=1e-3, state_must_match=True)
+    state.write_bytes(b"not a safetensors file")
+    with pytest.raises(FitStateError, match="not a readable state file"):
+        _state_fit(4, state, state_must_match=True)
+
+
+def test_a_state_is_continued_only_under_the_rounding_it_was_made_with(tmp_path):
+    """The CPU threads set a fit's rounding, so they are in the state's key: the weights of a
+    continued fit are those of the fit run in one go under the same settings, never a mix."""
+    from gc25d_core.models.vae_fit import FitStateError
+
+    state = tmp_path / "fit.state.safetensors"
+    threads = torch.get_num_threads()
+    _state_fit(2, state)
+    try:
+        torch.set_num_threads(threads + 1)
+        with pytest.raises(FitStateError, match="'key'"):
+            _state_fit(3, state, state_must_match=True)
+    finally:
+        torch.set_num_threads(threads)
+    _, summary = _state_fit(3, state, state_must_match=True)
+    assert summary["resumed_from"] == 2

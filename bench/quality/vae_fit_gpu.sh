@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A long fit of the `small` preset's tiny VAE on the GPU, in pieces that add up across device calls
+# and sessions (docs/picture_study.md: the picture's ceiling rises about 2 dB for every 4× the steps,
+# past what one session's device time fits). Each call fits FIT_SECONDS more through picture_study
+# --state, scores the VAE so far (ids probe, held-out PSNR) and returns the fit's state in pieces
+# of 15 MiB (the device tool brings back no file over 16 MiB) with its SHA256, and the VAE itself.
+# Usage (device machine, repository root):
+#     carry [".whl_fit", ".carry/vae_fit"]; WHEELS=.whl_fit FIT_SECONDS=480 bash bench/quality/vae_fit_gpu.sh
+# .whl_fit: the wheels the fit imports (bench/gpu_wheels.sh's .whl holds more than the state leaves
+# room for):  mkdir -p .whl_fit && cp .whl/{diffsynth,deepspeed,hjson,pydantic,pydantic_core,annotated_types,typing_inspection,wcwidth,ftfy}-*.whl .whl_fit/
+# .carry/vae_fit: the last call's pieces and fit.state.sha256, as they came back (none: a fresh fit).
+# On a warm machine the state of the call before is on its disk and the carried one is not read.
+# Here, the VAE's state put together again:  cat fit.state.part-* > fit.state.safetensors && sha256sum -c fit.state.sha256
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source bench/gpu_env.sh
+IN=.carry/vae_fit WORK=/tmp/vae_fit OUT=${OUT:-/tmp/vae_fit_out} PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda}
+STATE=$WORK/fit.state.safetensors
+mkdir -p "$WORK" "$OUT"
+if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
+  cat "$IN"/fit.state.part-* > "$STATE.in"
+  echo "$(cut -d' ' -f1 "$IN/fit.state.sha256")  $STATE.in" | sha256sum -c --quiet || {
+    echo "=== $IN: the pieces do not match fit.state.sha256" >&2; exit 1; }
+  mv "$STATE.in" "$STATE"
+fi
+python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw" --work "$WORK/gc25d" \
+  --batch "${BATCH:-64}" --latent-mse= --fits "1000000@${WIDTH:-16}" --no-compile \
+  --fit-seconds "${FIT_SECONDS:-480}" --state "$STATE" --save-dir "$WORK/vae" 2>&1 | tee "$OUT/picture_study.log"
+split -b 15M -d "$STATE" "$OUT/fit.state.part-"
+(cd "$WORK" && sha256sum fit.state.safetensors) > "$OUT/fit.state.sha256"
+# the newest VAE (its steps in its name; its SHA256 in the log's row)
+cp "$(ls -t "$WORK"/vae/*.safetensors | head -1)" "$OUT/"
+ls -la "$OUT"
