@@ -6,8 +6,8 @@
 # of 15 MiB (the device tool brings back no file over 16 MiB) with its SHA256, and the VAE itself.
 # Usage (device machine, repository root):
 #     carry [".whl_fit", ".carry/vae_fit"]; WHEELS=.whl_fit FIT_SECONDS=480 bash bench/quality/vae_fit_gpu.sh
-# .whl_fit: the wheels the fit imports (bench/gpu_wheels.sh's .whl holds more than the state leaves
-# room for):  mkdir -p .whl_fit && cp .whl/{diffsynth,deepspeed,hjson,pydantic,pydantic_core,annotated_types,typing_inspection,wcwidth,ftfy}-*.whl .whl_fit/
+# .whl_fit: the wheels the fit imports (bench/gpu_wheels.sh writes it beside .whl, which holds more
+# than the state leaves room for).
 # .carry/vae_fit: the last call's pieces and fit.state.sha256, as they came back (none: a fresh fit).
 # On a warm machine the state of the call before is on its disk and the carried one is not read.
 # Here, the VAE's state put together again:  cat fit.state.part-* > fit.state.safetensors && sha256sum -c fit.state.sha256
