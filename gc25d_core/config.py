@@ -217,6 +217,12 @@ class TinyVaeFitConfig(Strict):
         "graphs: at these widths the step is thousands of tiny kernels, launch-bound on a GPU. The "
         "weights differ within float rounding, so it is part of the fit's key",
     )
+    fast_ops: bool = Field(
+        default=False,
+        description="the encode path's speed-ups in the fit: DiffSynth's causal conv / RMS norm with fewer "
+        "copies and, on CUDA, channels-last-3d convs with cuDNN autotuning. The same math with other "
+        "rounding, so part of the fit's key; off until measured on the GPU (no gain on the CPU)",
+    )
     state_every_s: float = Field(
         default=60.0,
         gt=0,

@@ -10,6 +10,7 @@
 # than the state leaves room for).
 # .carry/vae_fit: the last call's pieces and fit.state.sha256, as they came back (none: a fresh fit).
 # On a warm machine the state of the call before is on its disk and the carried one is not read.
+# FIT_ARGS: more picture_study options (--fast-ops: the state's key then differs, a fit of its own).
 # Here, the VAE's state put together again:  cat fit.state.part-* > fit.state.safetensors && sha256sum -c fit.state.sha256
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +25,7 @@ if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
   mv "$STATE.in" "$STATE"
 fi
 python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw" --work "$WORK/gc25d" \
-  --batch "${BATCH:-64}" --latent-mse= --fits "1000000@${WIDTH:-16}" --no-compile \
+  --batch "${BATCH:-64}" --latent-mse= --fits "1000000@${WIDTH:-16}" --no-compile ${FIT_ARGS:-} \
   --fit-seconds "${FIT_SECONDS:-480}" --state "$STATE" --save-dir "$WORK/vae" 2>&1 | tee "$OUT/picture_study.log"
 split -b 15M -d "$STATE" "$OUT/fit.state.part-"
 (cd "$WORK" && sha256sum fit.state.safetensors) > "$OUT/fit.state.sha256"

@@ -31,7 +31,15 @@ import numpy as np
 import torch
 
 from gc25d_core.models.loading import WeightsError
-from gc25d_core.models.vae import TinyWanVideoVAE38, build_vae, decode_video, encode_video, frames_to_video
+from gc25d_core.models.vae import (
+    TinyWanVideoVAE38,
+    build_vae,
+    decode_video,
+    encode_video,
+    frames_to_video,
+    lean_vae_ops,
+    to_channels_last_3d,
+)
 
 if TYPE_CHECKING:
     from gc25d_core.config import Gc25dConfig
@@ -92,6 +100,7 @@ def fit_tiny_vae(
     dim: int = 16,
     dec_dim: int = 16,
     compile: bool = False,
+    fast_ops: bool = False,
     seconds: float | None = None,
     state: Path | str | None = None,
     state_every_s: float = 60.0,
@@ -105,13 +114,16 @@ def fit_tiny_vae(
     encoding whole 81-frame clips costs as much as dozens of fit steps and moves them little).
     ``dim`` / ``dec_dim``: the encoder's / decoder's base widths. ``compile``: the loss through
     ``torch.compile`` (one graph, no breaks), on CUDA as CUDA graphs ("reduce-overhead").
+    ``fast_ops``: the encode path's speed-ups in the fit (``lean_vae_ops``; on CUDA channels-last-3d
+    conv weights and cuDNN autotuning): the same math, other rounding.
     ``seconds``: a time budget; the fit stops after the first step that ends past it (at most
     ``steps``), and the summary's ``steps`` says how many the weights have had.
 
     ``state``: the fit's progress file (``FitState``), written atomically every ``state_every_s``
     seconds of fitting and when the fit ends. One written by a fit of the same trajectory (clips,
     settings, device kind, threads: ``trajectory_key``; not ``steps``) at a step ≤ ``steps`` is
-    continued: the weights equal an uninterrupted fit's, bit for bit. Any other (another
+    continued: the weights equal an uninterrupted fit's, bit for bit where the fit itself is
+    deterministic (the CPU; cuDNN's conv backward is not, run to run). Any other (another
     trajectory, further than ``steps``, bytes that fail its digest) is an error naming the file
     with ``state_must_match``, else the fit starts over and ``note`` says why. The summary's ``resumed_from`` is the step it continued from (0: a fresh fit)."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
@@ -121,6 +133,11 @@ def fit_tiny_vae(
     torch.manual_seed(seed)
     vae = build_vae(tiny=True, dim=dim, dec_dim=dec_dim)
     model = vae.model.to(device).train().requires_grad_(True)
+    if fast_ops:
+        lean_vae_ops(model)
+        if torch.device(device).type == "cuda":
+            to_channels_last_3d(model)
+            torch.backends.cudnn.benchmark = True  # process-wide, as the live decode sets it
     scale = [s.to(device) for s in vae.scale] if isinstance(vae.scale, (list, tuple)) else vae.scale
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
@@ -129,7 +146,7 @@ def fit_tiny_vae(
     if state is not None:
         key = trajectory_key(
             clips, batch=batch, frames=frames, lr=lr, latent_l2=latent_l2, seed=seed, crop=crop,
-            dim=dim, dec_dim=dec_dim, device=device, compile=compile,
+            dim=dim, dec_dim=dec_dim, device=device, compile=compile, fast_ops=fast_ops,
         )  # fmt: skip
         saver = FitState(Path(state), key)
         try:
@@ -200,10 +217,12 @@ def trajectory_key(
     dec_dim: int,
     device: str,
     compile: bool,
+    fast_ops: bool = False,
 ) -> str:
     """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
     sets their rounding (the device's kind, the compile, a CPU fit's threads), so a continued fit is
-    bit for bit the fit run in one go. ``steps`` is not in it: a longer fit continues a shorter one."""
+    the fit run in one go (bit for bit on the CPU). ``steps`` is not in it: a longer fit continues a
+    shorter one."""
     h = hashlib.sha256()
     kind = torch.device(device).type
     head = {
@@ -211,7 +230,7 @@ def trajectory_key(
         "latent_l2": latent_l2, "seed": seed, "crop": crop, "dim": dim, "dec_dim": dec_dim,
         "clips": [list(c.shape) for c in clips], "device": kind, "compile": compile,
         "threads": torch.get_num_threads() if kind == "cpu" else None,
-    }  # fmt: skip
+    } | ({"fast_ops": True} if fast_ops else {})  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for clip in clips:
         h.update(np.ascontiguousarray(clip).tobytes())
@@ -400,6 +419,7 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
         exclude={"file", "enabled", "state_every_s"}
         | ({"dim", "dec_dim"} if default_widths else set())
         | (set() if cfg.vae.fit.compile else {"compile"})  # likewise the compile, off
+        | (set() if cfg.vae.fit.fast_ops else {"fast_ops"})  # and the fast ops
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())

@@ -87,6 +87,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         dim=fit.dim,
         dec_dim=fit.dec_dim,
         compile=fit.compile,
+        fast_ops=fit.fast_ops,
         state=state_file(cfg),
         state_every_s=fit.state_every_s,
         note=lambda text: rep.log(f"tiny VAE: {text}"),

@@ -247,3 +247,34 @@ def test_cuda_compiled_tiny_vae_fit_matches_the_eager_fit():
     bound = kw["steps"] * 5e-4  # fit_tiny_vae's default lr
     for (name, a), b in zip(fits[False].model.named_parameters(), fits[True].model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=bound, msg=name)
+
+
+def test_cuda_tiny_vae_fit_fast_ops_and_a_continued_fit_match_the_plain_fit(tmp_path):
+    """On CUDA: ``vae.fit.fast_ops`` (lean ops, channels-last-3d convs) gives the plain fit's losses
+    and weights within float rounding, and a fit continued from its state file (2 steps, then 4)
+    the weights of the 4-step fit in one go within the same rounding (cuDNN's backward is not
+    bitwise run to run, so no closer)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import numpy as np
+
+    from gc25d_core.models.vae_fit import fit_tiny_vae
+
+    rng = np.random.default_rng(0)
+    clips = [rng.integers(0, 256, (9, 64, 64, 3), dtype=np.uint8) for _ in range(2)]
+    kw = {"batch": 2, "frames": 5, "seed": 0, "dim": 8, "dec_dim": 8, "device": "cuda"}
+    losses: dict[bool, list[float]] = {False: [], True: []}
+    fits = {
+        f: fit_tiny_vae(clips, steps=4, fast_ops=f, log=lambda s, v, f=f: losses[f].append(v), **kw)[0]
+        for f in (False, True)
+    }
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
+    state = tmp_path / "fit.state.safetensors"
+    fit_tiny_vae(clips, steps=2, state=state, **kw)
+    continued, summary = fit_tiny_vae(clips, steps=4, state=state, state_must_match=True, **kw)
+    assert summary["resumed_from"] == 2
+    bound = 4 * 5e-4  # Adam moves a weight by at most about lr a step, even on rounding noise
+    plain = dict(fits[False].model.named_parameters())
+    for other in (fits[True], continued):
+        for name, b in other.model.named_parameters():
+            torch.testing.assert_close(b, plain[name], rtol=0, atol=bound, msg=name)

@@ -326,3 +326,27 @@ def test_a_state_is_continued_only_under_the_rounding_it_was_made_with(tmp_path)
         torch.set_num_threads(threads)
     _, summary = _state_fit(3, state, state_must_match=True)
     assert summary["resumed_from"] == 2
+
+
+def test_the_fast_ops_fit_is_the_same_math_and_its_own_key():
+    """``vae.fit.fast_ops`` (the lean conv / norm): losses and weights of a few steps within float
+    rounding of the plain fit's; on, it is part of the fit's key (other rounding), off it is not."""
+    from gc25d_core.models.vae import LeanCausalConv3d
+    from gc25d_core.models.vae_fit import inputs_key
+
+    clips = _clips(frames=5)
+    kw = dict(steps=3, batch=1, frames=5, seed=0, dim=8, dec_dim=8)
+    losses: dict[bool, list[float]] = {False: [], True: []}
+    fits = {
+        f: fit_tiny_vae(clips, fast_ops=f, log=lambda s, v, f=f: losses[f].append(v), **kw)[0]
+        for f in (False, True)
+    }
+    assert any(isinstance(m, LeanCausalConv3d) for m in fits[True].model.modules())
+    assert not any(isinstance(m, LeanCausalConv3d) for m in fits[False].model.modules())
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+    bound = kw["steps"] * 5e-4  # Adam moves a weight by at most about lr a step
+    for (name, a), b in zip(fits[False].model.named_parameters(), fits[True].model.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=bound, msg=name)
+    on = load_config("tiny", {"vae": {"fit": {"fast_ops": True}}})
+    base, off = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"fast_ops": False}}})
+    assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips) == inputs_key(off, ["a"], clips)
