@@ -130,10 +130,12 @@ def _content_hashes(folder: Path) -> dict[str, str]:
     return out
 
 
-def _run_cond_job(cfg, run_dir: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+def _run_cond_job(
+    cfg, run_dir: Path, fault: str | None = None, job: str = "gc25d_core.jobs.cond", ranks: int = 2
+) -> subprocess.CompletedProcess:
     config_path = write_resolved(cfg, run_dir)
-    cmd = TorchrunLauncher(nproc_per_node=2, python=sys.executable).command(
-        "gc25d_core.jobs.cond", ["--config", str(config_path), "--run-dir", str(run_dir)], run_dir / "logs"
+    cmd = TorchrunLauncher(nproc_per_node=ranks, python=sys.executable).command(
+        job, ["--config", str(config_path), "--run-dir", str(run_dir)], run_dir / "logs"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("GC25D_FAULT", None)
@@ -257,3 +259,29 @@ def test_the_tiny_vae_job_continues_its_fit_when_its_steps_are_raised(tmp_path, 
     whole = run_fit(cfg_of(tmp_path / "b", 3), rep)
     assert raised["resumed_from"] == 2 and whole["resumed_from"] == 0
     assert raised["sha256"] == whole["sha256"] != short["sha256"]
+
+
+def test_a_killed_tiny_vae_job_continues_its_fit_to_the_same_weights(tmp_path, tiny_raw):
+    """The tiny_vae job through torchrun, killed hard (os._exit) in its 3rd fit step with its state
+    written after every step: run again, it continues from step 2 and writes the weights of the
+    fit run in one go (same SHA256)."""
+    fit = dict(enabled=True, steps=4, batch=1, crop=32, eval_frames=5, dim=8, dec_dim=8, state_every_s=1e-9)
+    cfgs = {}
+    for name in ("killed", "clean"):
+        over = {"paths": {"data_root": str(tmp_path / name)}, "raw": {"root": str(tiny_raw.root)}}
+        cfgs[name] = load_config("tiny", {**over, "vae": {"fit": fit}})
+        build_and_write(tiny_raw.root, cfgs[name])
+
+    def job(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
+        return _run_cond_job(cfgs[name], tmp_path / name / "run", fault, "gc25d_core.jobs.tiny_vae", 1)
+
+    assert job("killed", fault="rank=0,step=3,mode=exit").returncode != 0
+    models = tmp_path / "killed" / "models"
+    assert (models / "tiny_vae.state.safetensors").is_file() and not (
+        models / "tiny_vae.safetensors"
+    ).exists()
+    resumed, clean = job("killed"), job("clean")
+    assert resumed.returncode == 0 and clean.returncode == 0, (resumed.stderr + clean.stderr)[-3000:]
+    resumed_md, clean_md = _summary(resumed), _summary(clean)
+    assert (resumed_md["resumed_from"], clean_md["resumed_from"]) == (2, 0)
+    assert resumed_md["sha256"] == clean_md["sha256"]

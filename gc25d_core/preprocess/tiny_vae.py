@@ -17,6 +17,7 @@ import torch
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.config import Gc25dConfig
+from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.hashing import sha256_file
 from gc25d_core.index import read_index
 from gc25d_core.layout import Layout
@@ -66,6 +67,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
     first: list[int] = []  # the first step this run fits (after a resume: the state's next)
 
     def log(step: int, loss: float) -> None:
+        maybe_inject_fault(step)  # tests: a fit killed part way (GC25D_FAULT; inert otherwise)
         rep.metrics(step, vae_fit_loss=loss)
         first[:] = first or [step]
         if step % every == 0 or step == fit.steps:
