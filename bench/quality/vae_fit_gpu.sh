@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A long fit of the `small` preset's tiny VAE on the GPU, in pieces that add up across device calls
 # and sessions (docs/picture_study.md: the picture's ceiling rises about 2 dB for every 4× the steps,
-# past what one session's device time fits). Each call fits FIT_SECONDS more through picture_study
+# past what one session's device time fits). Each call fits FIT_SECONDS more (at most what the call
+# has left once the code world and the probe are there: a fresh machine's first call fits less) through picture_study
 # --state, scores the VAE so far (ids probe, held-out PSNR) and returns the fit's state in pieces
 # of 15 MiB (the device tool brings back no file over 16 MiB) with its SHA256, and the VAE itself.
 # Usage (device machine, repository root):
@@ -24,9 +25,18 @@ if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
     echo "=== $IN: the pieces do not match fit.state.sha256" >&2; exit 1; }
   mv "$STATE.in" "$STATE"
 fi
-python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw" --work "$WORK/gc25d" \
-  --batch "${BATCH:-64}" --latent-mse= --fits "1000000@${WIDTH:-16}" --no-compile ${FIT_ARGS:-} \
-  --fit-seconds "${FIT_SECONDS:-480}" --state "$STATE" --save-dir "$WORK/vae" 2>&1 | tee "$OUT/picture_study.log"
+study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw"
+  --work "$WORK/gc25d" --latent-mse=)
+# the code world and the probe, once a machine (minutes on a fresh one), before the fit's budget is set
+"${study[@]}" --fits '' > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
+# the fit gets what the call has left (CALL_S: the device's 600 s a command, less the transfers),
+# less RESERVE_S for the normalisation pass, the scoring and the pieces
+left=$((${CALL_S:-570} - SECONDS - ${RESERVE_S:-90}))
+fit=$((${FIT_SECONDS:-480} < left ? ${FIT_SECONDS:-480} : left))
+[ "$fit" -gt 0 ] || { echo "=== no time left for the fit this call ($SECONDS s gone): call again" >&2; exit 1; }
+echo "=== fitting $fit s (at $SECONDS s of the call)"
+"${study[@]}" --batch "${BATCH:-64}" --fits "1000000@${WIDTH:-16}" --no-compile ${FIT_ARGS:-} \
+  --fit-seconds "$fit" --state "$STATE" --save-dir "$WORK/vae" 2>&1 | tee "$OUT/picture_study.log"
 split -b 15M -d "$STATE" "$OUT/fit.state.part-"
 (cd "$WORK" && sha256sum fit.state.safetensors) > "$OUT/fit.state.sha256"
 # the newest VAE (its steps in its name; its SHA256 in the log's row)
