@@ -25,8 +25,10 @@ if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
     echo "=== $IN: the pieces do not match fit.state.sha256" >&2; exit 1; }
   mv "$STATE.in" "$STATE"
 fi
+# THREADS: the host's threads for the rows decoded on the CPU (the probe fixes its own; a CUDA fit's
+# state does not depend on them)
 study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw"
-  --work "$WORK/gc25d" --latent-mse=)
+  --work "$WORK/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}")
 # the code world and the probe, once a machine (minutes on a fresh one), before the fit's budget is set
 "${study[@]}" --fits '' > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
 # the fit gets what the call has left (CALL_S: the device's 600 s a command, less the transfers),
