@@ -125,7 +125,8 @@ def fit_tiny_vae(
     continued: the weights equal an uninterrupted fit's, bit for bit where the fit itself is
     deterministic (the CPU; cuDNN's conv backward is not, run to run). Any other (another
     trajectory, further than ``steps``, bytes that fail its digest) is an error naming the file
-    with ``state_must_match``, else the fit starts over and ``note`` says why. The summary's ``resumed_from`` is the step it continued from (0: a fresh fit)."""
+    with ``state_must_match``, else the fit starts over and ``note`` says why. The summary's
+    ``resumed_from`` is the step it continued from (0: a fresh fit)."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     if crop is not None and crop % 16:
@@ -217,20 +218,20 @@ def trajectory_key(
     dec_dim: int,
     device: str,
     compile: bool,
-    fast_ops: bool = False,
+    fast_ops: bool,
 ) -> str:
     """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
-    sets their rounding (the device's kind, the compile, a CPU fit's threads), so a continued fit is
-    the fit run in one go (bit for bit on the CPU). ``steps`` is not in it: a longer fit continues a
-    shorter one."""
+    sets their rounding (the device's kind, the compile and fast ops, a CPU fit's threads), so a
+    continued fit is the fit run in one go (bit for bit on the CPU). ``steps`` is not in it: a
+    longer fit continues a shorter one."""
     h = hashlib.sha256()
     kind = torch.device(device).type
     head = {
         "format": STATE_FORMAT, "version": FIT_VERSION, "batch": batch, "frames": frames, "lr": lr,
         "latent_l2": latent_l2, "seed": seed, "crop": crop, "dim": dim, "dec_dim": dec_dim,
-        "clips": [list(c.shape) for c in clips], "device": kind, "compile": compile,
+        "clips": [list(c.shape) for c in clips], "device": kind, "compile": compile, "fast_ops": fast_ops,
         "threads": torch.get_num_threads() if kind == "cpu" else None,
-    } | ({"fast_ops": True} if fast_ops else {})  # fmt: skip
+    }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for clip in clips:
         h.update(np.ascontiguousarray(clip).tobytes())
@@ -295,7 +296,7 @@ class FitState:
             raise FitStateError(f"{self.path}: its tensors do not match its field 'digest' (damaged?)")
         if meta.get("key") != self.key:
             raise FitStateError(f"{self.path}: field 'key' is another fit's (other clips or settings)")
-        step = int(meta.get("step", "-1")) if meta.get("step", "").isdigit() else -1
+        step = int(meta["step"]) if meta.get("step", "").isdigit() else -1
         if not 0 <= step <= steps:
             raise FitStateError(f"{self.path}: field 'step' {meta.get('step')!r} is not in 0..{steps}")
         weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
