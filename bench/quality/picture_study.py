@@ -309,6 +309,11 @@ def main(argv: list[str] | None = None) -> None:
         help="with one fit in --fits: its progress file (weights, Adam, the step): the fit continues from "
         "it and keeps writing it, so a long fit adds up across runs (a time budget each, --fit-seconds)",
     )
+    ap.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="the code world and the probe (each made once where missing), then stop: no rows",
+    )
     ap.add_argument("--latent-mse", default="0.25,0.5,0.75,0.9")
     ap.add_argument(
         "--linear",
@@ -350,6 +355,8 @@ def main(argv: list[str] | None = None) -> None:
             {"probe": {k: rec[k] for k in ("fitted", "train_miou", "frames")}, "s": time.perf_counter() - t0}
         )
     )
+    if args.prepare_only:
+        return
     for shot in args.screenshot:  # the students' frames as make play showed them
         pic, sids = screenshot_panels(shot)
         if args.sheet_dir is not None:  # picture | ids | the probe's reading of the picture

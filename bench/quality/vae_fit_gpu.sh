@@ -30,7 +30,7 @@ fi
 study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw"
   --work "$WORK/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}")
 # the code world and the probe, once a machine (minutes on a fresh one), before the fit's budget is set
-"${study[@]}" --fits '' > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
+"${study[@]}" --prepare-only > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
 # the fit gets what the call has left (CALL_S: the device's 600 s a command, less the transfers),
 # less RESERVE_S for the normalisation pass, the scoring and the pieces
 left=$((${CALL_S:-570} - SECONDS - ${RESERVE_S:-90}))
