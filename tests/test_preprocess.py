@@ -130,7 +130,7 @@ def _content_hashes(folder: Path) -> dict[str, str]:
     return out
 
 
-def _run_cond_job(
+def _run_job(
     cfg, run_dir: Path, fault: str | None = None, job: str = "gc25d_core.jobs.cond", ranks: int = 2
 ) -> subprocess.CompletedProcess:
     config_path = write_resolved(cfg, run_dir)
@@ -156,7 +156,7 @@ def test_killed_cond_job_resumes_with_identical_outputs(tmp_path, tiny_raw):
     build_and_write(tiny_raw.root, killed)
     num_clips = len(read_index(Layout(killed.paths.data_root)))
     # rank 0 dies hard (os._exit) when it reaches its 3rd clip: clips 1-2 of rank 0 are on disk
-    proc = _run_cond_job(killed, tmp_path / "killed" / "run", fault="rank=0,step=3,mode=exit")
+    proc = _run_job(killed, tmp_path / "killed" / "run", fault="rank=0,step=3,mode=exit")
     assert proc.returncode != 0
     cond_dir = killed.paths.data_root / "cond"
     before = {p.name: p.stat().st_mtime_ns for p in cond_dir.glob("*.npz")}
@@ -164,7 +164,7 @@ def test_killed_cond_job_resumes_with_identical_outputs(tmp_path, tiny_raw):
     assert not list(cond_dir.glob(".tmp-*")) or all(
         p.name.startswith(".tmp-") for p in cond_dir.iterdir() if not p.name.endswith(".npz")
     )
-    proc = _run_cond_job(killed, tmp_path / "killed" / "run")
+    proc = _run_job(killed, tmp_path / "killed" / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = _summary(proc)
     assert summary["num_skipped"] == len(before)  # finished clips were not recomputed
@@ -173,7 +173,7 @@ def test_killed_cond_job_resumes_with_identical_outputs(tmp_path, tiny_raw):
 
     clean = _cfg(tmp_path / "clean", tiny_raw.root)
     build_and_write(tiny_raw.root, clean)
-    assert _run_cond_job(clean, tmp_path / "clean" / "run").returncode == 0
+    assert _run_job(clean, tmp_path / "clean" / "run").returncode == 0
     assert _content_hashes(cond_dir) == _content_hashes(clean.paths.data_root / "cond")
     assert len(_content_hashes(cond_dir)) == num_clips
 
@@ -188,7 +188,7 @@ def test_a_failing_clip_is_reported_and_fails_the_job(tmp_path, tiny_raw):
     original = ids_png.read_bytes()
     try:
         ids_png.write_bytes(b"garbage")
-        proc = _run_cond_job(cfg, tmp_path / "run")
+        proc = _run_job(cfg, tmp_path / "run")
     finally:
         ids_png.write_bytes(original)
     assert proc.returncode != 0
@@ -273,7 +273,7 @@ def test_a_killed_tiny_vae_job_continues_its_fit_to_the_same_weights(tmp_path, t
         build_and_write(tiny_raw.root, cfgs[name])
 
     def job(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
-        return _run_cond_job(cfgs[name], tmp_path / name / "run", fault, "gc25d_core.jobs.tiny_vae", 1)
+        return _run_job(cfgs[name], tmp_path / name / "run", fault, "gc25d_core.jobs.tiny_vae", 1)
 
     assert job("killed", fault="rank=0,step=3,mode=exit").returncode != 0
     models = tmp_path / "killed" / "models"
