@@ -223,6 +223,12 @@ class TinyVaeFitConfig(Strict):
         "copies and, on CUDA, channels-last-3d convs with cuDNN autotuning. The same math with other "
         "rounding, so part of the fit's key; off until measured on the GPU (no gain on the CPU)",
     )
+    bf16: bool = Field(
+        default=False,
+        description="the fit's encode and decode under bfloat16 autocast (weights, Adam and the loss stay "
+        "float32), for a GPU's tensor cores. Other rounding, so part of the fit's key; off until "
+        "measured on the GPU",
+    )
     state_every_s: float = Field(
         default=60.0,
         gt=0,

@@ -174,10 +174,11 @@ def fit_vae(
     seconds: float | None = None,
     state: Path | None = None,
     fast_ops: bool | None = None,
+    bf16: bool | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
-    ``lr`` / ``batch`` / ``compile`` / ``fast_ops`` / ``seconds`` (a time budget) in place of the preset's. Returns
+    ``lr`` / ``batch`` / ``compile`` / ``fast_ops`` / ``bf16`` / ``seconds`` (a time budget) in place of the preset's. Returns
     the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` the
     weights have had, ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median
     of the rest). ``state``: the fit continues from that state file (fit_tiny_vae's; it must be this
@@ -201,6 +202,7 @@ def fit_vae(
         dec_dim=dec_dim or dim,
         compile=f.compile if compile is None else compile,
         fast_ops=f.fast_ops if fast_ops is None else fast_ops,
+        bf16=f.bf16 if bf16 is None else bf16,
         seconds=seconds,
         log=lambda step, loss: ends.append(time.perf_counter()),
         state=state,
@@ -288,6 +290,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the fits with the encode path's speed-ups (lean ops; channels-last-3d on a GPU; default the "
         "preset's vae.fit.fast_ops)",
+    )
+    ap.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the fits' encode and decode under bfloat16 autocast (default the preset's vae.fit.bf16)",
     )
     ap.add_argument(
         "--fit-seconds",
@@ -393,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
             batch=args.batch,
             compile=args.compile,
             fast_ops=args.fast_ops,
+            bf16=args.bf16,
             seconds=args.fit_seconds,
             state=args.state,
         )
@@ -403,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
             # no '@' in the name: the device tool brings back no file named with one
             stem = f"tiny_vae_{timing['steps']}steps_{dim}" + (f"_{dec_dim}" if dec_dim != dim else "")
             stem += ("_compiled" if args.compile else "") + ("_fastops" if args.fast_ops else "")
+            stem += "_bf16" if args.bf16 else ""
             args.save_dir.mkdir(parents=True, exist_ok=True)
             extra["file"] = str(args.save_dir / f"{stem}.safetensors")
             extra["sha256"] = save_tiny_vae(vae, extra["file"])
@@ -412,6 +422,7 @@ def main(argv: list[str] | None = None) -> None:
         name += f", batch {args.batch}" if args.batch else ""
         name += {True: ", compiled", False: ", eager", None: ""}[args.compile]
         name += {True: ", fast ops", False: ", plain ops", None: ""}[args.fast_ops]
+        name += {True: ", bf16", False: ", fp32", None: ""}[args.bf16]
         name += f" (continued from step {timing['resumed_from']})" if timing["resumed_from"] else ""
         row(name, recon(vae, truth), truth, ids, **extra)
         if i == 0:

@@ -111,7 +111,7 @@ class LeanRMSNorm(RMS_norm):
             and x.is_contiguous(memory_format=torch.channels_last_3d)
         ):
             return super().forward(x)
-        weight = self.gamma.reshape(-1)
+        weight = self.gamma.reshape(-1).to(x.dtype)  # under autocast x is bf16: one dtype, the fused kernel
         y = torch.nn.functional.rms_norm(x.permute(0, 2, 3, 4, 1), weight.shape, weight, eps=1e-24)
         if isinstance(self.bias, torch.Tensor):
             y = y + self.bias.reshape(-1)

@@ -101,6 +101,7 @@ def fit_tiny_vae(
     dec_dim: int = 16,
     compile: bool = False,
     fast_ops: bool = False,
+    bf16: bool = False,
     seconds: float | None = None,
     state: Path | str | None = None,
     state_every_s: float = 60.0,
@@ -115,7 +116,9 @@ def fit_tiny_vae(
     ``dim`` / ``dec_dim``: the encoder's / decoder's base widths. ``compile``: the loss through
     ``torch.compile`` (one graph, no breaks), on CUDA as CUDA graphs ("reduce-overhead").
     ``fast_ops``: the encode path's speed-ups in the fit (``lean_vae_ops``; on CUDA channels-last-3d
-    conv weights and cuDNN autotuning): the same math, other rounding.
+    conv weights and cuDNN autotuning): the same math, other rounding. ``bf16``: the loss under
+    bfloat16 autocast (the weights, Adam and the loss's reduction stay float32), for the GPU's
+    tensor cores: other rounding, a fit of its own key.
     ``seconds``: a time budget; the fit stops after the first step that ends past it (at most
     ``steps``), and the summary's ``steps`` says how many the weights have had.
 
@@ -147,7 +150,7 @@ def fit_tiny_vae(
     if state is not None:
         key = trajectory_key(
             clips, batch=batch, frames=frames, lr=lr, latent_l2=latent_l2, seed=seed, crop=crop,
-            dim=dim, dec_dim=dec_dim, device=device, compile=compile, fast_ops=fast_ops,
+            dim=dim, dec_dim=dec_dim, device=device, compile=compile, fast_ops=fast_ops, bf16=bf16,
         )  # fmt: skip
         saver = FitState(Path(state), key)
         try:
@@ -161,8 +164,10 @@ def fit_tiny_vae(
             note(f"the fit continues from step {start} of {saver.path}")
 
     def loss_of(x: torch.Tensor) -> torch.Tensor:
-        z = model.encode(x, scale)
-        recon = model.decode(z, scale)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+            z = model.encode(x, scale)
+            recon = model.decode(z, scale)
+        z, recon = z.float(), recon.float()  # a no-op unless bf16
         return (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
 
     step_loss = loss_of
@@ -219,9 +224,10 @@ def trajectory_key(
     device: str,
     compile: bool,
     fast_ops: bool,
+    bf16: bool = False,
 ) -> str:
     """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
-    sets their rounding (the device's kind, the compile and fast ops, a CPU fit's threads), so a
+    sets their rounding (the device's kind, the compile, fast ops and bf16, a CPU fit's threads), so a
     continued fit is the fit run in one go (bit for bit on the CPU). ``steps`` is not in it: a
     longer fit continues a shorter one."""
     h = hashlib.sha256()
@@ -231,6 +237,7 @@ def trajectory_key(
         "latent_l2": latent_l2, "seed": seed, "crop": crop, "dim": dim, "dec_dim": dec_dim,
         "clips": [list(c.shape) for c in clips], "device": kind, "compile": compile, "fast_ops": fast_ops,
         "threads": torch.get_num_threads() if kind == "cpu" else None,
+        **({"bf16": True} if bf16 else {}),  # off, out of the key: the states written before keep theirs
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for clip in clips:
@@ -421,6 +428,7 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
         | ({"dim", "dec_dim"} if default_widths else set())
         | (set() if cfg.vae.fit.compile else {"compile"})  # likewise the compile, off
         | (set() if cfg.vae.fit.fast_ops else {"fast_ops"})  # and the fast ops
+        | (set() if cfg.vae.fit.bf16 else {"bf16"})  # and bf16
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())

@@ -90,6 +90,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         dec_dim=fit.dec_dim,
         compile=fit.compile,
         fast_ops=fit.fast_ops,
+        bf16=fit.bf16,
         state=state_file(cfg),
         state_every_s=fit.state_every_s,
         note=lambda text: rep.log(f"tiny VAE: {text}"),

@@ -251,9 +251,9 @@ def test_cuda_compiled_tiny_vae_fit_matches_the_eager_fit():
 
 def test_cuda_tiny_vae_fit_fast_ops_and_a_continued_fit_match_the_plain_fit(tmp_path):
     """On CUDA: ``vae.fit.fast_ops`` (lean ops, channels-last-3d convs) gives the plain fit's losses
-    and weights within float rounding, and a fit continued from its state file (2 steps, then 4)
-    the weights of the 4-step fit in one go within the same rounding (cuDNN's backward is not
-    bitwise run to run, so no closer)."""
+    and weights within float rounding (with ``vae.fit.bf16`` the losses within bfloat16's), and a
+    fit continued from its state file (2 steps, then 4) the weights of the 4-step fit in one go
+    within the same rounding (cuDNN's backward is not bitwise run to run, so no closer)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import numpy as np
@@ -269,6 +269,9 @@ def test_cuda_tiny_vae_fit_fast_ops_and_a_continued_fit_match_the_plain_fit(tmp_
         for f in (False, True)
     }
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-3)
+    bf16: list[float] = []
+    fit_tiny_vae(clips, steps=4, bf16=True, fast_ops=True, log=lambda s, v: bf16.append(v), **kw)
+    np.testing.assert_allclose(bf16, losses[False], rtol=2e-2)  # bfloat16's 8 bits of mantissa
     state = tmp_path / "fit.state.safetensors"
     fit_tiny_vae(clips, steps=2, state=state, **kw)
     continued, summary = fit_tiny_vae(clips, steps=4, state=state, state_must_match=True, **kw)

@@ -350,3 +350,32 @@ def test_the_fast_ops_fit_is_the_same_math_and_its_own_key():
     on = load_config("tiny", {"vae": {"fit": {"fast_ops": True}}})
     base, off = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"fast_ops": False}}})
     assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips) == inputs_key(off, ["a"], clips)
+
+
+def test_the_bf16_fit_is_the_same_math_within_bfloat16_and_its_own_key(tmp_path):
+    """``vae.fit.bf16`` (the encode and decode under bfloat16 autocast): the losses of a few steps
+    within bfloat16's rounding of the float32 fit's, the weights stay float32; on, it is part of the
+    job's key and of the state's trajectory key (a float32 fit's state is not continued), off neither."""
+    from gc25d_core.models.vae_fit import FitStateError, inputs_key, trajectory_key
+
+    clips = _clips(frames=5)
+    kw = dict(steps=3, batch=1, frames=5, seed=0, dim=8, dec_dim=8)
+    losses: dict[bool, list[float]] = {False: [], True: []}
+    fits = {
+        b: fit_tiny_vae(clips, bf16=b, log=lambda s, v, b=b: losses[b].append(v), **kw)[0]
+        for b in (False, True)
+    }
+    np.testing.assert_allclose(losses[True], losses[False], rtol=2e-2)
+    assert losses[True] != losses[False]  # it did run in bfloat16
+    assert all(p.dtype == torch.float32 for p in fits[True].model.parameters())
+    on = load_config("tiny", {"vae": {"fit": {"bf16": True}}})
+    base, off = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"bf16": False}}})
+    assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips) == inputs_key(off, ["a"], clips)
+    tk = dict(batch=1, frames=5, lr=5e-4, latent_l2=0.0, seed=0, crop=None, dim=8, dec_dim=8, device="cpu")
+    assert trajectory_key(clips, compile=False, fast_ops=False, bf16=True, **tk) != trajectory_key(
+        clips, compile=False, fast_ops=False, **tk
+    )
+    state = tmp_path / "fit.state.safetensors"
+    fit_tiny_vae(clips, state=state, **{**kw, "steps": 2})
+    with pytest.raises(FitStateError, match="fit.state.safetensors"):
+        fit_tiny_vae(clips, state=state, state_must_match=True, bf16=True, **kw)
