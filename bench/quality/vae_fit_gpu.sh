@@ -9,7 +9,8 @@
 #     carry [".whl_fit", ".carry/vae_fit"]; WHEELS=.whl_fit FIT_SECONDS=480 bash bench/quality/vae_fit_gpu.sh
 # .whl_fit: the wheels the fit imports (bench/gpu_wheels.sh writes it beside .whl, which holds more
 # than the state leaves room for).
-# .carry/vae_fit: the last call's pieces and fit.state.sha256, as they came back (none: a fresh fit).
+# .carry/vae_fit: the last call's pieces and fit.state.sha256, as they came back (none: a fresh fit),
+# and the ids probe if one was fitted on the same code world (picture_study --prepare-only here).
 # On a warm machine the state of the call before is on its disk and the carried one is not read.
 # FIT_ARGS: more picture_study options (--fast-ops: the state's key then differs, a fit of its own).
 # Here, the VAE's state put together again:  cat fit.state.part-* > fit.state.safetensors && sha256sum -c fit.state.sha256
@@ -25,6 +26,12 @@ if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
     echo "=== $IN: the pieces do not match fit.state.sha256" >&2; exit 1; }
   mv "$STATE.in" "$STATE"
 fi
+# the ids probe fitted here on the same code world (ids_probe.safetensors / .json, 29 KB; minutes of
+# a CPU to fit): ensure_probe loads it only if its inputs' key is this world's, else fits its own
+mkdir -p "$WORK/gc25d"
+for f in "$IN"/ids_probe.safetensors "$IN"/ids_probe.json; do
+  if [ -e "$f" ] && [ ! -e "$WORK/gc25d/$(basename "$f")" ]; then cp "$f" "$WORK/gc25d/"; fi
+done
 # THREADS: the host's threads for the rows decoded on the CPU (the probe fixes its own; a CUDA fit's
 # state does not depend on them)
 study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw"
