@@ -420,15 +420,13 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     order), the clips and their frames' bytes, so an unchanged rerun is recognised and any change
     refits. Where the file goes is not an input."""
     h = hashlib.sha256()
-    # the widths joined the settings later: at the default (16 / 16) they stay out of the key, so
-    # the fits made before keep theirs and are not fitted again
+    # the widths and the speed levers joined the settings later: at their defaults (16 / 16, off)
+    # they stay out of the key, so the fits made before keep theirs and are not fitted again
     default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
     settings = cfg.vae.fit.model_dump(
         exclude={"file", "enabled", "state_every_s"}
         | ({"dim", "dec_dim"} if default_widths else set())
-        | (set() if cfg.vae.fit.compile else {"compile"})  # likewise the compile, off
-        | (set() if cfg.vae.fit.fast_ops else {"fast_ops"})  # and the fast ops
-        | (set() if cfg.vae.fit.bf16 else {"bf16"})  # and bf16
+        | {k for k in ("compile", "fast_ops", "bf16") if not getattr(cfg.vae.fit, k)}
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())

@@ -3,6 +3,8 @@ the saved file loads only with its digest (also through the latents job's builde
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -328,54 +330,60 @@ def test_a_state_is_continued_only_under_the_rounding_it_was_made_with(tmp_path)
     assert summary["resumed_from"] == 2
 
 
+LEVER_FIT = dict(steps=3, batch=1, frames=5, seed=0, dim=8, dec_dim=8)
+
+
+def _fits_off_and_on(clips: list[np.ndarray], lever: str) -> dict[bool, tuple[Any, list[float]]]:
+    """A few steps of the fit with the speed lever ``lever`` off and on: {on: (VAE, losses)}."""
+    out = {}
+    for on in (False, True):
+        losses: list[float] = []
+        vae = fit_tiny_vae(clips, log=lambda s, v, out=losses: out.append(v), **{lever: on}, **LEVER_FIT)[0]
+        out[on] = (vae, losses)
+    return out
+
+
+def _assert_in_the_jobs_key_only_when_on(lever: str, clips: list[np.ndarray]) -> None:
+    from gc25d_core.models.vae_fit import inputs_key
+
+    on = load_config("tiny", {"vae": {"fit": {lever: True}}})
+    base, off = load_config("tiny"), load_config("tiny", {"vae": {"fit": {lever: False}}})
+    assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips) == inputs_key(off, ["a"], clips)
+
+
 def test_the_fast_ops_fit_is_the_same_math_and_its_own_key():
     """``vae.fit.fast_ops`` (the lean conv / norm): losses and weights of a few steps within float
     rounding of the plain fit's; on, it is part of the fit's key (other rounding), off it is not."""
     from gc25d_core.models.vae import LeanCausalConv3d
-    from gc25d_core.models.vae_fit import inputs_key
 
     clips = _clips(frames=5)
-    kw = dict(steps=3, batch=1, frames=5, seed=0, dim=8, dec_dim=8)
-    losses: dict[bool, list[float]] = {False: [], True: []}
-    fits = {
-        f: fit_tiny_vae(clips, fast_ops=f, log=lambda s, v, f=f: losses[f].append(v), **kw)[0]
-        for f in (False, True)
-    }
-    assert any(isinstance(m, LeanCausalConv3d) for m in fits[True].model.modules())
-    assert not any(isinstance(m, LeanCausalConv3d) for m in fits[False].model.modules())
-    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
-    bound = kw["steps"] * 5e-4  # Adam moves a weight by at most about lr a step
-    for (name, a), b in zip(fits[False].model.named_parameters(), fits[True].model.parameters(), strict=True):
+    (plain, plain_losses), (lean, lean_losses) = _fits_off_and_on(clips, "fast_ops").values()
+    assert any(isinstance(m, LeanCausalConv3d) for m in lean.model.modules())
+    assert not any(isinstance(m, LeanCausalConv3d) for m in plain.model.modules())
+    np.testing.assert_allclose(lean_losses, plain_losses, rtol=1e-4)
+    bound = LEVER_FIT["steps"] * 5e-4  # Adam moves a weight by at most about lr a step
+    for (name, a), b in zip(plain.model.named_parameters(), lean.model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=bound, msg=name)
-    on = load_config("tiny", {"vae": {"fit": {"fast_ops": True}}})
-    base, off = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"fast_ops": False}}})
-    assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips) == inputs_key(off, ["a"], clips)
+    _assert_in_the_jobs_key_only_when_on("fast_ops", clips)
 
 
 def test_the_bf16_fit_is_the_same_math_within_bfloat16_and_its_own_key(tmp_path):
     """``vae.fit.bf16`` (the encode and decode under bfloat16 autocast): the losses of a few steps
     within bfloat16's rounding of the float32 fit's, the weights stay float32; on, it is part of the
     job's key and of the state's trajectory key (a float32 fit's state is not continued), off neither."""
-    from gc25d_core.models.vae_fit import FitStateError, inputs_key, trajectory_key
+    from gc25d_core.models.vae_fit import FitStateError, trajectory_key
 
     clips = _clips(frames=5)
-    kw = dict(steps=3, batch=1, frames=5, seed=0, dim=8, dec_dim=8)
-    losses: dict[bool, list[float]] = {False: [], True: []}
-    fits = {
-        b: fit_tiny_vae(clips, bf16=b, log=lambda s, v, b=b: losses[b].append(v), **kw)[0]
-        for b in (False, True)
-    }
-    np.testing.assert_allclose(losses[True], losses[False], rtol=2e-2)
-    assert losses[True] != losses[False]  # it did run in bfloat16
-    assert all(p.dtype == torch.float32 for p in fits[True].model.parameters())
-    on = load_config("tiny", {"vae": {"fit": {"bf16": True}}})
-    base, off = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"bf16": False}}})
-    assert inputs_key(on, ["a"], clips) != inputs_key(base, ["a"], clips) == inputs_key(off, ["a"], clips)
+    (_, fp32_losses), (half, bf16_losses) = _fits_off_and_on(clips, "bf16").values()
+    np.testing.assert_allclose(bf16_losses, fp32_losses, rtol=2e-2)
+    assert bf16_losses != fp32_losses  # it did run in bfloat16
+    assert all(p.dtype == torch.float32 for p in half.model.parameters())
+    _assert_in_the_jobs_key_only_when_on("bf16", clips)
     tk = dict(batch=1, frames=5, lr=5e-4, latent_l2=0.0, seed=0, crop=None, dim=8, dec_dim=8, device="cpu")
     assert trajectory_key(clips, compile=False, fast_ops=False, bf16=True, **tk) != trajectory_key(
         clips, compile=False, fast_ops=False, **tk
     )
     state = tmp_path / "fit.state.safetensors"
-    fit_tiny_vae(clips, state=state, **{**kw, "steps": 2})
+    fit_tiny_vae(clips, state=state, **{**LEVER_FIT, "steps": 2})
     with pytest.raises(FitStateError, match="fit.state.safetensors"):
-        fit_tiny_vae(clips, state=state, state_must_match=True, bf16=True, **kw)
+        fit_tiny_vae(clips, state=state, state_must_match=True, bf16=True, **LEVER_FIT)
