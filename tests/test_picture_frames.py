@@ -88,6 +88,10 @@ def test_picture_study_fits_take_the_batch_and_rate_given_else_the_presets(monke
     assert seen[2]["state_must_match"]  # a state the user names is continued, never replaced
     assert (seen[1]["batch"], seen[1]["lr"], seen[1]["seconds"]) == (cfg.vae.fit.batch, cfg.vae.fit.lr, None)
     assert (cfg.vae.fit.batch, cfg.vae.fit.lr) == (64, 1e-3)
+    # normalised as the tiny_vae job does (whole clips): a VAE saved here feeds the chain's latents
+    assert (
+        all(kw["norm_frames"] == cfg.vae.fit.norm_frames for kw in seen) and cfg.vae.fit.norm_frames is None
+    )
     assert timing["steps"] == 5 and timing["step_s"] is None  # no step ran: no step time
 
 
@@ -106,3 +110,30 @@ def test_the_linear_code_cuts_squares_as_the_vae_does_and_keeps_what_its_rank_sp
     assert err[0] > err[1] > 0
     with pytest.raises(ValueError, match=r"1 \+ 4·n frames"):
         patch_groups(clips[0][:8])
+
+
+def test_the_vae_over_time_splits_a_clip_into_latent_frames_and_scores_each():
+    import torch
+
+    from bench.quality.vae_over_time import main, over_time, psnr_of
+    from gc25d_core.models.vae import build_vae, decode_frames, encode_frames
+
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True, dim=8, dec_dim=8)
+    rng = np.random.default_rng(0)
+    clips = [rng.integers(0, 256, (9, 32, 64, 3), dtype=np.uint8) for _ in range(2)]
+    rec = over_time(vae, clips)
+    assert len(rec["var"]) == len(rec["psnr_db"]) == 3  # frame 0 alone, then 4 frames a latent
+    assert rec["psnr_steady_db"] is None  # 3 latent frames: all start-up
+    assert rec["psnr_first17_db"] == rec["psnr_whole_db"]  # 9 frames: the first 17 are all of them
+    err = [
+        ((decode_frames(vae, encode_frames(vae, c)).astype(float) - c) ** 2).mean(axis=(1, 2, 3))
+        for c in clips
+    ]
+    e = np.mean(err, axis=0)
+    assert rec["psnr_db"][0] == round(psnr_of(e[0]), 2) and rec["psnr_db"][2] == round(
+        psnr_of(e[5:9].mean()), 2
+    )
+    assert psnr_of(0.0) == float("inf")
+    with pytest.raises(SystemExit, match=r"--vae 'v.safetensors': FILE@SHA256"):
+        main(["--raw", "raw", "--vae", "v.safetensors"])

@@ -75,3 +75,29 @@ def test_the_vae_width_reaches_the_fit_and_is_refused_beside_a_given_vae(tmp_pat
             ["--root", "/nonexistent", "--vae", "x", "--vae-sha256", "0" * 64, "--vae-width", "32"]
         )
     assert "a given --vae keeps the widths" in capsys.readouterr().err
+
+
+def test_a_given_vae_whose_latents_are_off_unit_scale_stops_the_chain_naming_it_and_the_way_out():
+    from bench.quality.small_preset import GIVEN_VAE_RMS, check_given_vae_scale
+
+    lo, hi = GIVEN_VAE_RMS
+    for rms in (1.0, lo, hi):
+        check_given_vae_scale(Path("fit.safetensors"), rms)
+    for rms in (1.95, 0.5):  # a normalisation measured on each clip's first 9 frames gave 1.95
+        with pytest.raises(
+            SystemExit, match=rf"--vae fit.safetensors: .* RMS {rms:.3f}, outside .*vae_renorm"
+        ):
+            check_given_vae_scale(Path("fit.safetensors"), rms)
+
+
+def test_vae_renorm_reports_the_latents_rms_under_a_normalisation_and_refuses_to_overwrite_its_input():
+    import torch
+
+    from bench.quality.vae_renorm import main, rms_under
+
+    zero, one = torch.zeros(48), torch.ones(48)
+    assert rms_under(zero, one, zero, one) == pytest.approx(1.0)
+    assert rms_under(zero, one, zero, 2 * one) == pytest.approx(2.0)  # std twice the assumed
+    assert rms_under(zero, 2 * one, 2 * one, 2 * one) == pytest.approx(2**0.5)  # mean off by one std
+    with pytest.raises(SystemExit, match="the same file as --vae"):
+        main(["--raw", "raw", "--vae", "v.safetensors", "--sha256", "0" * 64, "--out", "v.safetensors"])

@@ -93,12 +93,14 @@ def session_frames(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np
 
 
 def ceiling_frames(args: argparse.Namespace, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(truth, the tiny VAE's reconstruction, ids) of the val clips' first 17 frames; with
-    ``--linear K`` the reconstruction is the best linear code of K numbers a latent instead."""
+    """(truth, the tiny VAE's reconstruction, ids) of the val clips' first ``--ceiling-frames``
+    frames (17; 81: whole clips, where a VAE fitted on short windows reconstructs its later latent
+    frames worse than its first); with ``--linear K`` the reconstruction is the best linear code of
+    K numbers a latent instead."""
     from bench.quality.picture_study import fit_vae, held_out, linear_code_recon, recon, train_clips
     from gc25d_core.models.vae_fit import load_tiny_vae
 
-    truth, ids = held_out(cfg, 17)
+    truth, ids = held_out(cfg, args.ceiling_frames)
     if args.linear is not None:  # the best linear code of the VAE's shape (picture_study --linear)
         return (
             np.concatenate(truth),
@@ -168,6 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sha256", default=None)
     ap.add_argument("--fit-steps", type=int, default=160)
     ap.add_argument(
+        "--ceiling-frames",
+        type=int,
+        default=17,
+        help="the ceiling's frames from the start of each val clip (1 + 4k, at most 81: whole clips)",
+    )
+    ap.add_argument(
         "--linear",
         type=int,
         default=None,
@@ -179,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.out is None and args.frames_out is None:
         ap.error("--out (the sheet) or --frames-out (the frames only) is needed")
+    if not 1 <= args.ceiling_frames <= 81 or (args.ceiling_frames - 1) % 4:
+        ap.error(f"--ceiling-frames {args.ceiling_frames}: 1 + 4k frames, at most a clip's 81")
 
     import torch
 

@@ -175,10 +175,14 @@ def fit_vae(
     state: Path | None = None,
     fast_ops: bool | None = None,
     bf16: bool | None = None,
+    frames: int | None = None,
+    init: tuple[Path, str] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
-    ``lr`` / ``batch`` / ``compile`` / ``fast_ops`` / ``bf16`` / ``seconds`` (a time budget) in place of the preset's. Returns
+    ``lr`` / ``batch`` / ``compile`` / ``fast_ops`` / ``bf16`` / ``frames`` (the windows' length) /
+    ``seconds`` (a time budget) in place of the preset's; ``init``: (file, SHA256) of a fitted VAE
+    the fit starts from (fit_tiny_vae's). Returns
     the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` the
     weights have had, ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median
     of the rest). ``state``: the fit continues from that state file (fit_tiny_vae's; it must be this
@@ -192,11 +196,11 @@ def fit_vae(
         clips,
         steps=steps,
         batch=batch or f.batch,
-        frames=f.frames,
+        frames=frames or f.frames,
         lr=lr or f.lr,
         seed=seed,
         crop=f.crop,
-        norm_frames=9,
+        norm_frames=f.norm_frames,  # the job's rule: a VAE saved here can feed the chain (small_chain --vae)
         device=device,
         dim=dim,
         dec_dim=dec_dim or dim,
@@ -208,6 +212,7 @@ def fit_vae(
         state=state,
         state_must_match=True,
         note=print,
+        init=init,
     )
     fit_s = time.perf_counter() - t0
     gaps = np.diff(ends)
@@ -285,6 +290,21 @@ def main(argv: list[str] | None = None) -> None:
         help="the fits' step through torch.compile (CUDA graphs on a GPU; default the preset's vae.fit.compile)",
     )
     ap.add_argument(
+        "--fit-frames",
+        type=int,
+        default=None,
+        help="the fits' windows, frames long (1 + 4k; default the preset's vae.fit.frames): the encoder and "
+        "decoder learn their time cache's steady state only on windows longer than its start",
+    )
+    ap.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="a fitted tiny VAE (.safetensors) the fits start from (with --init-sha256): another fit's "
+        "weights under other settings, e.g. --fit-frames",
+    )
+    ap.add_argument("--init-sha256", default=None, help="--init's SHA256 (checked before it is read)")
+    ap.add_argument(
         "--fast-ops",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -333,6 +353,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--screenshot", type=Path, action="append", default=[], help="a play-page PNG to score")
     ap.add_argument("--sheet-dir", type=Path, default=None, help="write probe_<screenshot>.png there")
     args = ap.parse_args(argv)
+    if (args.init is None) != (args.init_sha256 is None):
+        ap.error("--init and --init-sha256 go together (the weights are checked before they are used)")
+    if args.fit_frames is not None and (args.fit_frames < 1 or (args.fit_frames - 1) % 4):
+        ap.error(f"--fit-frames {args.fit_frames}: 1 + 4k frames")
 
     import torch
 
@@ -404,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
             bf16=args.bf16,
             seconds=args.fit_seconds,
             state=args.state,
+            frames=args.fit_frames,
+            init=None if args.init is None else (args.init, args.init_sha256),
         )
         extra: dict[str, Any] = dict(timing)
         if args.save_dir is not None:
@@ -413,6 +439,8 @@ def main(argv: list[str] | None = None) -> None:
             stem = f"tiny_vae_{timing['steps']}steps_{dim}" + (f"_{dec_dim}" if dec_dim != dim else "")
             stem += ("_compiled" if args.compile else "") + ("_fastops" if args.fast_ops else "")
             stem += "_bf16" if args.bf16 else ""
+            stem += f"_f{args.fit_frames}" if args.fit_frames else ""
+            stem += f"_init{args.init_sha256[:8]}" if args.init is not None else ""
             args.save_dir.mkdir(parents=True, exist_ok=True)
             extra["file"] = str(args.save_dir / f"{stem}.safetensors")
             extra["sha256"] = save_tiny_vae(vae, extra["file"])
@@ -423,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
         name += {True: ", compiled", False: ", eager", None: ""}[args.compile]
         name += {True: ", fast ops", False: ", plain ops", None: ""}[args.fast_ops]
         name += {True: ", bf16", False: ", fp32", None: ""}[args.bf16]
+        name += f", {args.fit_frames}-frame windows" if args.fit_frames else ""
+        name += f", from {args.init.name}" if args.init is not None else ""
         name += f" (continued from step {timing['resumed_from']})" if timing["resumed_from"] else ""
         row(name, recon(vae, truth), truth, ids, **extra)
         if i == 0:

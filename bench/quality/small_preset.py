@@ -152,6 +152,40 @@ def place_given_vae(src: Path, sha256: str, dst: Path) -> None:
     atomic_write_bytes(dst, src.read_bytes())
 
 
+# the cache's latents' RMS a given VAE may give: its normalisation (norm.mean / norm.std) is
+# measured on whole train clips by the tiny_vae job's rule, so about 1; one measured on each clip's
+# first frames gave 1.95 (picture_study's fits until 2026-12-05, whose later latent frames grow)
+GIVEN_VAE_RMS = (0.67, 1.5)
+
+
+def latents_rms(cfg: Any) -> float:
+    """RMS of every clip's latents in the data root (the DiT's data: unit scale expected)."""
+    import torch
+
+    from gc25d_core.index import read_index
+    from gc25d_core.layout import Layout, Shapes, read_latents
+
+    layout, shapes = Layout(Path(cfg.paths.data_root)), Shapes.of(cfg)
+    sq, n = 0.0, 0
+    for row in read_index(layout):
+        z = read_latents(layout.latents(row.clip_id), shapes)["latent"].float()
+        sq, n = sq + float(torch.sum(z * z)), n + z.numel()
+    return (sq / max(n, 1)) ** 0.5
+
+
+def check_given_vae_scale(vae: Path, rms: float) -> None:
+    """A given VAE whose latents on this code world are far from unit scale stops the chain, naming
+    the file, its fields and the way out (bench.quality.vae_renorm)."""
+    lo, hi = GIVEN_VAE_RMS
+    if not lo <= rms <= hi:
+        raise SystemExit(
+            f"--vae {vae}: its latents on this code world have RMS {rms:.3f}, outside [{lo}, {hi}]: its "
+            "normalisation (norm.mean / norm.std) was not measured on whole clips of this world. "
+            "Measure it again: python -m bench.quality.vae_renorm --preset small --raw <raw> --vae "
+            f"{vae} --sha256 <its SHA256> --out <new file>"
+        )
+
+
 def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     """Data + SFT; returns the run config, the SFT run folder and the snapshot version it trained on."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -207,7 +241,10 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
         )
     t0 = time.perf_counter()
     launch("gc25d_core.jobs.latents", cfg, runs / "latents", 1)
-    phase("latents", t0)
+    rms = latents_rms(cfg)
+    phase("latents", t0, rms=round(rms, 4))
+    if args.vae is not None:
+        check_given_vae_scale(args.vae, rms)
     t0 = time.perf_counter()
     launch("gc25d_core.jobs.ext_canvas", cpu_cfg, runs / "ext_canvas", args.cpu_ranks)
     phase("ext_canvas", t0)

@@ -12,12 +12,15 @@
 # .carry/vae_fit: the last call's pieces and fit.state.sha256, as they came back (none: a fresh fit),
 # and the ids probe if one was fitted on the same code world (picture_study --prepare-only here).
 # On a warm machine the state of the call before is on its disk and the carried one is not read.
-# FIT_ARGS: more picture_study options (--fast-ops: the state's key then differs, a fit of its own).
+# FIT_ARGS: more picture_study options (--fast-ops: the state's key then differs, a fit of its own;
+# --fit-frames 33 --init $IN/init.safetensors --init-sha256 SHA: longer windows from an
+# earlier fit's weights, the init carried in the first call only, since the state holds them after;
+# IN=.carry/<folder>: the carried pieces, probe and init of another fit than .carry/vae_fit's).
 # Here, the VAE's state put together again:  cat fit.state.part-* > fit.state.safetensors && sha256sum -c fit.state.sha256
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu_env.sh
-IN=.carry/vae_fit WORK=/tmp/vae_fit OUT=${OUT:-/tmp/vae_fit_out} PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda}
+IN=${IN:-.carry/vae_fit} WORK=/tmp/vae_fit OUT=${OUT:-/tmp/vae_fit_out} PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda}
 STATE=$WORK/fit.state.safetensors
 mkdir -p "$WORK" "$OUT"
 if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
@@ -34,8 +37,10 @@ for f in "$IN"/ids_probe.safetensors "$IN"/ids_probe.json; do
 done
 # THREADS: the host's threads for the rows decoded on the CPU (the probe fixes its own; a CUDA fit's
 # state does not depend on them)
+# scored on whole val clips (SCORE_FRAMES 81): the time cache's steady state, which the latents job
+# and a live session see; the first 17 frames flatter a fit on short windows
 study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw"
-  --work "$WORK/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}")
+  --work "$WORK/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}" --frames "${SCORE_FRAMES:-81}")
 # the code world and the probe, once a machine (minutes on a fresh one), before the fit's budget is set
 "${study[@]}" --prepare-only > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
 # the fit gets what the call has left (CALL_S: the device's 600 s a command, less the transfers),

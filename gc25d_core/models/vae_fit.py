@@ -107,6 +107,7 @@ def fit_tiny_vae(
     state_every_s: float = 60.0,
     state_must_match: bool = False,
     note: Callable[[str], None] | None = None,
+    init: tuple[Path | str, str] | None = None,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
@@ -129,7 +130,12 @@ def fit_tiny_vae(
     deterministic (the CPU; cuDNN's conv backward is not, run to run). Any other (another
     trajectory, further than ``steps``, bytes that fail its digest) is an error naming the file
     with ``state_must_match``, else the fit starts over and ``note`` says why. The summary's
-    ``resumed_from`` is the step it continued from (0: a fresh fit)."""
+    ``resumed_from`` is the step it continued from (0: a fresh fit).
+
+    ``init``: (file, SHA256) of a fitted tiny VAE of these widths whose weights the fit starts from
+    (Adam's moments fresh), to go on from another fit under other settings (longer windows: a VAE
+    fitted on short ones reconstructs the later latent frames of a long clip worse). Its SHA256 is
+    in the trajectory key; the file is read only by a fit that starts from step 0."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     if crop is not None and crop % 16:
@@ -151,6 +157,7 @@ def fit_tiny_vae(
         key = trajectory_key(
             clips, batch=batch, frames=frames, lr=lr, latent_l2=latent_l2, seed=seed, crop=crop,
             dim=dim, dec_dim=dec_dim, device=device, compile=compile, fast_ops=fast_ops, bf16=bf16,
+            init=None if init is None else init[1],
         )  # fmt: skip
         saver = FitState(Path(state), key)
         try:
@@ -162,6 +169,8 @@ def fit_tiny_vae(
                 note(f"{e}: the fit starts from step 0 and replaces it")
         if start and note is not None:
             note(f"the fit continues from step {start} of {saver.path}")
+    if init is not None and start == 0:
+        start_from_weights(model, Path(init[0]), init[1])
 
     def loss_of(x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
@@ -190,14 +199,8 @@ def fit_tiny_vae(
     if saver is not None:
         saver.save(model, opt, rng, done, loss_first)
     model.eval().requires_grad_(False)
-    with torch.no_grad():
-        zs = torch.cat(
-            [model.encode(frames_to_video(c[:norm_frames])[None], scale).cpu() for c in on_device]
-        )  # [N, 48, T, h, w]
+    set_norm(vae, *measure_norm(model, on_device, norm_frames, scale))
     model.cpu()
-    mean = zs.mean(dim=(0, 2, 3, 4))
-    std = zs.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
-    set_norm(vae, mean, std)
     return vae, {
         "steps": done,
         "resumed_from": start,
@@ -225,6 +228,7 @@ def trajectory_key(
     compile: bool,
     fast_ops: bool,
     bf16: bool = False,
+    init: str | None = None,
 ) -> str:
     """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
     sets their rounding (the device's kind, the compile, fast ops and bf16, a CPU fit's threads), so a
@@ -238,6 +242,7 @@ def trajectory_key(
         "clips": [list(c.shape) for c in clips], "device": kind, "compile": compile, "fast_ops": fast_ops,
         "threads": torch.get_num_threads() if kind == "cpu" else None,
         **({"bf16": True} if bf16 else {}),  # off, out of the key: the states written before keep theirs
+        **({"init": init} if init else {}),
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for clip in clips:
@@ -320,6 +325,43 @@ class FitState:
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise FitStateError(f"{self.path}: does not fit this model ({e})") from None
         return step, loss_first
+
+
+def start_from_weights(model: torch.nn.Module, path: Path, sha256: str) -> None:
+    """``model`` (a fit's inner VideoVAE38_) takes the weights of the fitted tiny VAE at ``path``,
+    once its SHA256 is ``sha256``; another width is an error naming the file."""
+    src = load_tiny_vae(path, expected_sha256=sha256, field="init sha256")
+    try:
+        model.load_state_dict(src.model.state_dict(), strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: its weights do not fit this fit's model (another width?): {e}") from None
+
+
+def measure_norm(
+    model: torch.nn.Module, clips: Sequence[torch.Tensor], norm_frames: int | None, scale: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean / std (CPU) of ``model.encode`` over the first ``norm_frames`` frames of each
+    uint8 clip (None: whole clips) on the model's device; ``scale`` is the identity normalisation."""
+    with torch.no_grad():
+        zs = torch.cat(
+            [model.encode(frames_to_video(c[:norm_frames])[None], scale).cpu() for c in clips]
+        )  # [N, 48, T, h, w]
+    return zs.mean(dim=(0, 2, 3, 4)), zs.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
+
+
+def renormalise_tiny_vae(
+    vae: TinyWanVideoVAE38, clips: Sequence[np.ndarray], norm_frames: int | None, device: Any = "cpu"
+) -> None:
+    """Measure ``vae``'s latent normalisation again on ``clips`` (uint8 ``[F, H, W, 3]``), by the
+    rule the fit uses (``norm_frames``: the tiny_vae job's ``vae.fit.norm_frames``), in place: for a
+    VAE whose normalisation was measured on other frames. The weights are unchanged."""
+    model = vae.model.to(device)
+    identity = [torch.zeros(vae.z_dim, device=device), torch.ones(vae.z_dim, device=device)]
+    on_device = [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in clips]
+    try:
+        set_norm(vae, *measure_norm(model, on_device, norm_frames, identity))
+    finally:
+        model.cpu()
 
 
 def set_norm(vae: TinyWanVideoVAE38, mean: torch.Tensor, std: torch.Tensor) -> None:

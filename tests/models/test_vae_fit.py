@@ -55,6 +55,23 @@ def test_fit_improves_reconstruction_and_normalises_latents(tmp_path):
         build_vae_for(load_config("tiny", {"vae": {"path": str(path)}}), torch.device("cpu"))
 
 
+def test_a_vae_normalised_on_short_windows_is_renormalised_on_whole_clips_as_its_fit_would():
+    """The chain's latents are standardised only if the VAE's normalisation was measured on whole
+    clips (the tiny_vae job's rule): one measured on each clip's first frames is measured again,
+    and then equals the normalisation of the same fit measured on whole clips."""
+    from gc25d_core.models.vae_fit import renormalise_tiny_vae
+
+    clips = _clips(frames=17)
+    short, _ = fit_tiny_vae(clips, steps=6, batch=2, seed=0, norm_frames=5)
+    whole, _ = fit_tiny_vae(clips, steps=6, batch=2, seed=0, norm_frames=None)
+    assert not torch.allclose(short.std, whole.std, rtol=1e-3)  # the two rules differ on these clips
+    renormalise_tiny_vae(short, clips, None)
+    torch.testing.assert_close(short.mean, whole.mean, rtol=0, atol=0)
+    torch.testing.assert_close(short.std, whole.std, rtol=0, atol=0)
+    z = torch.stack([encode_frames(short, c) for c in clips])
+    torch.testing.assert_close(z.std(dim=(0, 2, 3, 4)), torch.ones(48), atol=1e-3, rtol=0)
+
+
 def _resave(src, dst, meta):
     """``src``'s tensors written again with other metadata (what another writer would leave)."""
     from safetensors.torch import load_file
@@ -281,6 +298,33 @@ def test_a_fit_continued_from_its_state_equals_the_fit_in_one_go(tmp_path):
 
     rerun, summary = _state_fit(6, state)  # a finished state asked for the same steps: no step more
     assert summary["resumed_from"] == 6 and summary["steps"] == 6 and _same_weights(rerun, whole)
+
+
+def test_a_fit_started_from_another_fits_weights_goes_on_from_them_under_its_own_key(tmp_path):
+    """``init``: the fit starts from a saved VAE's weights (e.g. longer windows after short ones); its
+    SHA256 is in the state's key, and the file is read only by a fit that starts from step 0."""
+    from gc25d_core.models.vae_fit import FitStateError
+
+    short = tmp_path / "short.safetensors"
+    vae, _ = fit_tiny_vae(_clips(frames=5), steps=2, batch=1, frames=5, dim=8, dec_dim=8)
+    sha = save_tiny_vae(vae, short)
+    start, _ = _state_fit(0, frames=5, init=(short, sha))  # no step: the init's weights as they are
+    assert _same_weights(start, vae.model.state_dict())
+    fresh, _ = _state_fit(3, frames=5)
+    longer, summary = _state_fit(3, frames=5, init=(short, sha))
+    assert summary["steps"] == 3 and not _same_weights(longer, fresh)
+
+    state = tmp_path / "fit.state.safetensors"
+    _state_fit(2, state, frames=5, init=(short, sha))
+    short.rename(tmp_path / "gone.safetensors")  # continued from its state: the init is not read
+    continued, summary = _state_fit(3, state, frames=5, init=(short, sha))
+    assert summary["resumed_from"] == 2 and _same_weights(continued, longer)
+    with pytest.raises(FitStateError, match="field 'key' is another fit's"):
+        _state_fit(3, state, frames=5, state_must_match=True)  # the same fit without its init
+    with pytest.raises(WeightsError, match="init sha256"):
+        _state_fit(1, frames=5, init=(tmp_path / "gone.safetensors", "0" * 64))
+    with pytest.raises(ValueError, match=r"gone.safetensors: its weights do not fit .*another width"):
+        _state_fit(1, frames=5, dim=16, dec_dim=16, init=(tmp_path / "gone.safetensors", sha))
 
 
 def test_a_state_that_cannot_be_continued_is_named_or_replaced(tmp_path):
