@@ -338,7 +338,7 @@ def start_from_weights(model: torch.nn.Module, path: Path, sha256: str) -> None:
 
 
 def measure_norm(
-    model: torch.nn.Module, clips: Sequence[torch.Tensor], norm_frames: int | None, scale: Any
+    model: Any, clips: Sequence[torch.Tensor], norm_frames: int | None, scale: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean / std (CPU) of ``model.encode`` over the first ``norm_frames`` frames of each
     uint8 clip (None: whole clips) on the model's device; ``scale`` is the identity normalisation."""
