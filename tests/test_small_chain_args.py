@@ -83,7 +83,7 @@ def test_a_given_vae_whose_latents_are_off_unit_scale_stops_the_chain_naming_it_
     lo, hi = GIVEN_VAE_RMS
     for rms in (1.0, lo, hi):
         check_given_vae_scale(Path("fit.safetensors"), rms)
-    for rms in (1.95, 0.5):  # a normalisation measured on each clip's first 9 frames gave 1.95
+    for rms in (1.99, 0.5):  # a normalisation measured on each clip's first 9 frames gave 1.99
         with pytest.raises(
             SystemExit, match=rf"--vae fit.safetensors: .* RMS {rms:.3f}, outside .*vae_renorm"
         ):
