@@ -122,7 +122,7 @@ def test_the_vae_over_time_splits_a_clip_into_latent_frames_and_scores_each():
     vae = build_vae(tiny=True, dim=8, dec_dim=8)
     rng = np.random.default_rng(0)
     clips = [rng.integers(0, 256, (9, 32, 64, 3), dtype=np.uint8) for _ in range(2)]
-    rec = over_time(vae, clips)
+    rec, kept = over_time(vae, clips, keep=1)
     assert len(rec["var"]) == len(rec["psnr_db"]) == 3  # frame 0 alone, then 4 frames a latent
     assert rec["psnr_steady_db"] is None  # 3 latent frames: all start-up
     assert rec["psnr_first17_db"] == rec["psnr_whole_db"]  # 9 frames: the first 17 are all of them
@@ -131,6 +131,8 @@ def test_the_vae_over_time_splits_a_clip_into_latent_frames_and_scores_each():
         for c in clips
     ]
     e = np.mean(err, axis=0)
+    np.testing.assert_array_equal(kept, decode_frames(vae, encode_frames(vae, clips[1])))  # the sheet's clip
+    assert over_time(vae, clips)[1] is None
     assert rec["psnr_db"][0] == round(psnr_of(e[0]), 2) and rec["psnr_db"][2] == round(
         psnr_of(e[5:9].mean()), 2
     )

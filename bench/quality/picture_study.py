@@ -160,6 +160,21 @@ def linear_code_recon(
     return out
 
 
+def code_world_config(preset: str, raw: Path, work: Path | None = None) -> Any:
+    """The preset's config on the code world at ``raw`` (``work``: its data root), the code world
+    made there first when it is missing (seeded: the preset's own)."""
+    from gc25d_core import raw_prepare
+    from gc25d_core.config import load_config
+
+    over: dict[str, Any] = {"raw": {"root": str(raw)}}
+    if work is not None:
+        over["paths"] = {"data_root": str(work)}
+    cfg = load_config(preset, over)
+    if not (raw / "codeworld.json").is_file():
+        raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=os.cpu_count() or 1)
+    return cfg
+
+
 def fit_vae(
     clips: list[np.ndarray],
     steps: int,
@@ -360,18 +375,14 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from gc25d_core import raw_prepare
-    from gc25d_core.config import load_config
     from gc25d_core.eval.ids_probe import ensure_probe
     from gc25d_core.models.vae import build_vae
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
     fits = [parse_fit(f) for f in args.fits.split(",") if f.strip()]
     if args.state is not None and len(fits) != 1:
         raise SystemExit(f"--state {args.state}: one fit's progress; --fits names {len(fits)}")
-    if not (args.raw / "codeworld.json").is_file():  # the preset's code world, seeded
-        raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=os.cpu_count() or 1)
+    cfg = code_world_config(args.preset, args.raw, args.work)
     rows: list[dict[str, Any]] = []
 
     def row(name: str, frames: list[np.ndarray], truth: list[np.ndarray], ids: list[np.ndarray], **extra):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -33,36 +32,31 @@ def psnr_of(err: float) -> float:
 SHEET_FRAMES = (0, 16, 32, -1)
 
 
-def recon_of(vae, clip: np.ndarray) -> np.ndarray:
+def over_time(vae, clips: list[np.ndarray], keep: int | None = None) -> tuple[dict, np.ndarray | None]:
+    """Per latent frame variance of ``encode`` (all channels, averaged over clips) and PSNR of
+    ``decode(encode(clip))`` against each uint8 ``[81, H, W, 3]`` clip; and the reconstruction of
+    clip ``keep`` (None: none kept)."""
     from gc25d_core.models.vae import decode_frames, encode_frames
 
-    return decode_frames(vae, encode_frames(vae, clip))
-
-
-def over_time(vae, clips: list[np.ndarray]) -> dict:
-    """Per latent frame variance of ``encode`` (all channels, averaged over clips) and PSNR of
-    ``decode(encode(clip))`` against each uint8 ``[81, H, W, 3]`` clip."""
-    from gc25d_core.models.vae import encode_frames
-
     n = len(clips)
-    var, err = None, np.zeros(clips[0].shape[0])
-    for c in clips:
+    var, err, kept = None, np.zeros(clips[0].shape[0]), None
+    for i, c in enumerate(clips):
         z = encode_frames(vae, c)  # [48, T, h, w]
         v = z.numpy().var(axis=(0, 2, 3))
         var = v / n if var is None else var + v / n
-        from gc25d_core.models.vae import decode_frames
-
-        r = decode_frames(vae, z).astype(np.float64)
-        err += ((r - c.astype(np.float64)) ** 2).mean(axis=(1, 2, 3)) / n
+        r = decode_frames(vae, z)
+        kept = r if i == keep else kept
+        err += ((r.astype(np.float64) - c.astype(np.float64)) ** 2).mean(axis=(1, 2, 3)) / n
     groups = [err[:1]] + [err[1 + 4 * k : 5 + 4 * k] for k in range((len(err) - 1) // 4)]
     steady = np.concatenate(groups[STEADY_FROM:]) if len(groups) > STEADY_FROM else np.array([])
-    return {
+    rec = {
         "var": [round(float(v), 3) for v in var],
         "psnr_db": [round(psnr_of(float(g.mean())), 2) for g in groups],
         "psnr_whole_db": round(psnr_of(float(err.mean())), 2),
         "psnr_first17_db": round(psnr_of(float(err[:17].mean())), 2),
         "psnr_steady_db": round(psnr_of(float(steady.mean())), 2) if steady.size else None,
     }
+    return rec, kept
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -86,16 +80,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     import torch
 
-    from bench.quality.picture_study import held_out
-    from gc25d_core import raw_prepare
-    from gc25d_core.config import load_config
+    from bench.quality.picture_study import code_world_config, held_out
     from gc25d_core.models.loading import WeightsError
     from gc25d_core.models.vae_fit import load_tiny_vae
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}})
-    if not (args.raw / "codeworld.json").is_file():
-        raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=os.cpu_count() or 1)
+    cfg = code_world_config(args.preset, args.raw)
     clips, _ = held_out(cfg, args.frames)
     if args.sheet is not None and not 0 <= args.sheet_clip < len(clips):
         raise SystemExit(f"--sheet-clip {args.sheet_clip}: the preset has {len(clips)} val clips")
@@ -105,11 +95,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             vae = load_tiny_vae(path, expected_sha256=sha, field="--vae")
         except WeightsError as e:
             raise SystemExit(f"--vae: {e}") from None
-        rec = {"vae": path.name, "sha256": sha, "clips": len(clips), **over_time(vae, clips)}
+        scores, kept = over_time(vae, clips, args.sheet_clip if args.sheet is not None else None)
+        rec = {"vae": path.name, "sha256": sha, "clips": len(clips), **scores}
         print(json.dumps(rec), flush=True)
         out.append(rec)
-        if args.sheet is not None:
-            panels.append(recon_of(vae, clips[args.sheet_clip])[list(SHEET_FRAMES)])
+        if kept is not None:
+            panels.append(kept[list(SHEET_FRAMES)])
     if args.sheet is not None:
         from gc25d_core.atomic import atomic_write_bytes
         from gc25d_core.preview import png_bytes, side_by_side

@@ -10,13 +10,12 @@ kept; only ``norm.mean`` / ``norm.std`` change, so the file gets a new SHA256.
         --vae IN.safetensors --sha256 <IN's> --out OUT.safetensors [--device cuda]
 
 Prints one JSON line: the new file's SHA256 and the latents' RMS over the clips under the old
-normalisation and under the new (1 when standardised)."""
+normalisation (under the new one it is 1 by construction)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 
@@ -41,16 +40,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from bench.quality.picture_study import train_clips
-    from gc25d_core import raw_prepare
-    from gc25d_core.config import load_config
+    from bench.quality.picture_study import code_world_config, train_clips
     from gc25d_core.models.loading import WeightsError
     from gc25d_core.models.vae_fit import load_tiny_vae, renormalise_tiny_vae, save_tiny_vae
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}})
-    if not (args.raw / "codeworld.json").is_file():
-        raw_prepare.prepare_raw(cfg, log=lambda m: None, workers=os.cpu_count() or 1)
+    cfg = code_world_config(args.preset, args.raw)
     try:
         vae = load_tiny_vae(args.vae, expected_sha256=args.sha256, field="--sha256")
     except WeightsError as e:
@@ -64,8 +59,8 @@ def main(argv: list[str] | None = None) -> dict:
         "sha256": digest,
         "train_clips": len(clips),
         "norm_frames": cfg.vae.fit.norm_frames,
+        # under the new normalisation the RMS is 1 by construction (its own moments)
         "rms_before": round(rms_under(*old, vae.mean, vae.std), 4),
-        "rms_after": round(rms_under(vae.mean, vae.std, vae.mean, vae.std), 4),
     }
     print(json.dumps(rec), flush=True)
     return rec
