@@ -230,6 +230,15 @@ class TinyVaeFitConfig(Strict):
         "float32), for a GPU's tensor cores. Other rounding, so part of the fit's key. On in the "
         "small preset (with fast_ops); on the CPU the same fit in the same time, so off by default",
     )
+    warm: int = Field(
+        default=0,
+        ge=0,
+        description="latent frames at each window's start encoded and decoded without gradients and out "
+        "of the loss: the rest train on the causal feature caches' filled state, where a whole clip's "
+        "encode and decode run most of their frames (a window's start sees the caches' zeros), for a "
+        "forward pass of the warm frames. Counted in frames (warm < 1 + (frames - 1) / 4); part of the "
+        "fit's key when not 0",
+    )
     state_every_s: float = Field(
         default=60.0,
         gt=0,
@@ -253,6 +262,15 @@ class TinyVaeFitConfig(Strict):
         if (v - 1) % 4:
             raise ValueError(f"frames = {v}: must be 1 + 4k (the VAE's causal cells)")
         return v
+
+    @model_validator(mode="after")
+    def _warm_inside_the_window(self) -> TinyVaeFitConfig:
+        latents = 1 + (self.frames - 1) // 4
+        if self.warm >= latents:
+            raise ValueError(
+                f"warm = {self.warm}: a window of frames = {self.frames} has {latents} latent frames"
+            )
+        return self
 
     @field_validator("crop")
     @classmethod

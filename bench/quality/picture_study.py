@@ -192,11 +192,12 @@ def fit_vae(
     bf16: bool | None = None,
     frames: int | None = None,
     init: tuple[Path, str] | None = None,
+    warm: int | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
     ``lr`` / ``batch`` / ``compile`` / ``fast_ops`` / ``bf16`` / ``frames`` (the windows' length) /
-    ``seconds`` (a time budget) in place of the preset's; ``init``: (file, SHA256) of a fitted VAE
+    ``warm`` (the windows' latent frames without gradient) / ``seconds`` (a time budget) in place of the preset's; ``init``: (file, SHA256) of a fitted VAE
     the fit starts from (fit_tiny_vae's). Returns
     the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` the
     weights have had, ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median
@@ -228,6 +229,7 @@ def fit_vae(
         state_must_match=True,
         note=print,
         init=init,
+        warm=f.warm if warm is None else warm,
     )
     fit_s = time.perf_counter() - t0
     gaps = np.diff(ends)
@@ -312,6 +314,14 @@ def main(argv: list[str] | None = None) -> None:
         "decoder learn their time cache's steady state only on windows longer than its start",
     )
     ap.add_argument(
+        "--fit-warm",
+        type=int,
+        default=None,
+        help="the windows' first latent frames encoded and decoded without gradients and out of the loss "
+        "(default the preset's vae.fit.warm, 0): the rest train on filled time caches, a whole clip's "
+        "steady state, for a forward pass of the warm ones; --fit-frames counts them",
+    )
+    ap.add_argument(
         "--init",
         type=Path,
         default=None,
@@ -372,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--init and --init-sha256 go together (the weights are checked before they are used)")
     if args.fit_frames is not None and (args.fit_frames < 1 or (args.fit_frames - 1) % 4):
         ap.error(f"--fit-frames {args.fit_frames}: 1 + 4k frames")
+    if args.fit_warm is not None and args.fit_warm < 0:
+        ap.error(f"--fit-warm {args.fit_warm}: latent frames, 0 or more")
 
     import torch
 
@@ -440,6 +452,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds=args.fit_seconds,
             state=args.state,
             frames=args.fit_frames,
+            warm=args.fit_warm,
             init=None if args.init is None else (args.init, args.init_sha256),
         )
         extra: dict[str, Any] = dict(timing)
@@ -451,6 +464,7 @@ def main(argv: list[str] | None = None) -> None:
             stem += ("_compiled" if args.compile else "") + ("_fastops" if args.fast_ops else "")
             stem += "_bf16" if args.bf16 else ""
             stem += f"_f{args.fit_frames}" if args.fit_frames else ""
+            stem += f"_w{args.fit_warm}" if args.fit_warm else ""
             stem += f"_init{args.init_sha256[:8]}" if args.init is not None else ""
             args.save_dir.mkdir(parents=True, exist_ok=True)
             extra["file"] = str(args.save_dir / f"{stem}.safetensors")
@@ -463,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
         name += {True: ", fast ops", False: ", plain ops", None: ""}[args.fast_ops]
         name += {True: ", bf16", False: ", fp32", None: ""}[args.bf16]
         name += f", {args.fit_frames}-frame windows" if args.fit_frames else ""
+        name += f", {args.fit_warm} warm latent frames" if args.fit_warm else ""
         name += f", from {args.init.name}" if args.init is not None else ""
         name += f" (continued from step {timing['resumed_from']})" if timing["resumed_from"] else ""
         row(name, recon(vae, truth), truth, ids, **extra)

@@ -42,6 +42,9 @@ from diffsynth.models.wan_video_vae import (  # noqa: E402
     count_conv3d,
     unpatchify,
 )
+from diffsynth.models.wan_video_vae import (  # noqa: E402
+    patchify as patchify,  # re-exported: vae_fit walks the encode loop itself
+)
 
 VAE38_KEY_HASH = "e1de6c02cdac79f8b739f4d3698cd216"
 Z_DIM = LATENT_CHANNELS  # Wan2.2 VAE38's latent width (the stored latents' width, gc25d_core.config)

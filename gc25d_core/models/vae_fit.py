@@ -34,11 +34,14 @@ from gc25d_core.models.loading import WeightsError
 from gc25d_core.models.vae import (
     TinyWanVideoVAE38,
     build_vae,
+    count_conv3d,
     decode_video,
     encode_video,
     frames_to_video,
     lean_vae_ops,
+    patchify,
     to_channels_last_3d,
+    unpatchify,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +68,49 @@ def fit_step(
     losses.append(float(loss.detach()))
     if log is not None:
         log(step + 1, losses[-1])
+
+
+def recon_warm(model: Any, x: torch.Tensor, scale: Any, warm: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode(encode(x)) of a ``VideoVAE38_`` with its first ``warm`` latent frames computed without
+    gradients: (latent, reconstruction). The rest train where a whole clip's encode and decode run
+    most of their frames, on causal feature caches that earlier frames filled, not on the zeros a
+    window's first frames see; the warm frames cost a forward pass each and their outputs carry no
+    gradient (the loss takes latent frames ``warm..`` and their image frames, ``warm_slices``).
+
+    Written out here because DiffSynth's ``encode`` / ``decode`` have no such split: the same loops
+    (the encoder over frame 0, then over 4-frame chunks, through one feature cache; ``conv1`` over all
+    of it, the normalisation, ``conv2``; the decoder latent frame by latent frame through its own
+    cache), so with ``warm = 0`` it gives their values bit for bit (tests/models/test_vae_fit.py)."""
+    xp = patchify(x, patch_size=2)
+    latents = 1 + (xp.shape[2] - 1) // 4
+    grad = torch.is_grad_enabled()
+    cache: list[Any] = [None] * count_conv3d(model.encoder)
+    hs = []
+    for i in range(latents):
+        chunk = xp[:, :, :1] if i == 0 else xp[:, :, 1 + 4 * (i - 1) : 1 + 4 * i]
+        with torch.set_grad_enabled(grad and i >= warm):
+            h, cache, _ = model.encoder(chunk, feat_cache=cache, feat_idx=[0])
+        hs.append(h)
+    mu = model.conv1(torch.cat(hs, 2)).chunk(2, dim=1)[0]
+    shape = (1, model.z_dim, 1, 1, 1)
+    mean, inv_std = (s.to(dtype=mu.dtype, device=mu.device).view(shape) for s in scale)
+    z = (mu - mean) * inv_std
+    y = model.conv2(z / inv_std + mean)
+    cache = [None] * count_conv3d(model.decoder)
+    outs = []
+    for i in range(latents):
+        with torch.set_grad_enabled(grad and i >= warm):
+            out, cache, _ = model.decoder(
+                y[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0
+            )
+        outs.append(out)
+    return z, unpatchify(torch.cat(outs, 2), patch_size=2)
+
+
+def warm_slices(warm: int) -> tuple[slice, slice]:
+    """(latent frames, image frames) the loss takes after ``warm`` warm latent frames: latent frame
+    0 is image frame 0, latent frame i > 0 image frames 4i - 3 .. 4i."""
+    return slice(warm, None), slice(0 if warm == 0 else 4 * warm - 3, None)
 
 
 def _window(
@@ -108,6 +154,7 @@ def fit_tiny_vae(
     state_must_match: bool = False,
     note: Callable[[str], None] | None = None,
     init: tuple[Path | str, str] | None = None,
+    warm: int = 0,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
@@ -135,9 +182,16 @@ def fit_tiny_vae(
     ``init``: (file, SHA256) of a fitted tiny VAE of these widths whose weights the fit starts from
     (Adam's moments fresh), to go on from another fit under other settings (longer windows: a VAE
     fitted on short ones reconstructs the later latent frames of a long clip worse). Its SHA256 is
-    in the trajectory key; the file is read only by a fit that starts from step 0."""
+    in the trajectory key; the file is read only by a fit that starts from step 0.
+
+    ``warm``: each window's first ``warm`` latent frames (``1 + 4 (warm - 1)`` image frames) are
+    encoded and decoded without gradients and left out of the loss (``recon_warm``), so the fit trains
+    the later frames on filled feature caches, the state most of a whole clip is coded in, for a
+    forward pass of the warm ones; ``frames`` counts them (``warm`` < ``1 + (frames - 1) / 4``)."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
+    if not 0 <= warm < 1 + (frames - 1) // 4:
+        raise ValueError(f"warm = {warm}: a {frames}-frame window has {1 + (frames - 1) // 4} latent frames")
     if crop is not None and crop % 16:
         raise ValueError(f"crop = {crop}: must be a multiple of 16")
     torch.manual_seed(seed)
@@ -157,7 +211,7 @@ def fit_tiny_vae(
         key = trajectory_key(
             clips, batch=batch, frames=frames, lr=lr, latent_l2=latent_l2, seed=seed, crop=crop,
             dim=dim, dec_dim=dec_dim, device=device, compile=compile, fast_ops=fast_ops, bf16=bf16,
-            init=None if init is None else init[1],
+            init=None if init is None else init[1], warm=warm,
         )  # fmt: skip
         saver = FitState(Path(state), key)
         try:
@@ -172,12 +226,13 @@ def fit_tiny_vae(
     if init is not None and start == 0:
         start_from_weights(model, Path(init[0]), init[1])
 
+    latent_part, image_part = warm_slices(warm)
+
     def loss_of(x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-            z = model.encode(x, scale)
-            recon = model.decode(z, scale)
-        z, recon = z.float(), recon.float()  # a no-op unless bf16
-        return (recon - x).pow(2).mean() + latent_l2 * z.pow(2).mean()
+            z, recon = recon_warm(model, x, scale, warm)
+        z, recon = z[:, :, latent_part].float(), recon[:, :, image_part].float()  # float: a no-op unless bf16
+        return (recon - x[:, :, image_part]).pow(2).mean() + latent_l2 * z.pow(2).mean()
 
     step_loss = loss_of
     if compile:  # every window has one shape: one graph, compiled once
@@ -229,6 +284,7 @@ def trajectory_key(
     fast_ops: bool,
     bf16: bool = False,
     init: str | None = None,
+    warm: int = 0,
 ) -> str:
     """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
     sets their rounding (the device's kind, the compile, fast ops and bf16, a CPU fit's threads), so a
@@ -243,6 +299,7 @@ def trajectory_key(
         "threads": torch.get_num_threads() if kind == "cpu" else None,
         **({"bf16": True} if bf16 else {}),  # off, out of the key: the states written before keep theirs
         **({"init": init} if init else {}),
+        **({"warm": warm} if warm else {}),
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for clip in clips:
@@ -462,13 +519,13 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     order), the clips and their frames' bytes, so an unchanged rerun is recognised and any change
     refits. Where the file goes is not an input."""
     h = hashlib.sha256()
-    # the widths and the speed levers joined the settings later: at their defaults (16 / 16, off)
+    # the widths, the speed levers and warm joined the settings later: at their defaults (16 / 16, off, 0)
     # they stay out of the key, so the fits made before keep theirs and are not fitted again
     default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
     settings = cfg.vae.fit.model_dump(
         exclude={"file", "enabled", "state_every_s"}
         | ({"dim", "dec_dim"} if default_widths else set())
-        | {k for k in ("compile", "fast_ops", "bf16") if not getattr(cfg.vae.fit, k)}
+        | {k for k in ("compile", "fast_ops", "bf16", "warm") if not getattr(cfg.vae.fit, k)}
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())

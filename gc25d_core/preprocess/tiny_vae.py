@@ -61,7 +61,9 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
     torch.set_num_threads(fit.threads)  # fixed: the reduction order (and so the weights) stays the same
     rep.log(
         f"fitting the tiny VAE on {len(train)} train clips: {fit.steps} steps × {fit.batch} windows of "
-        f"{fit.frames} frames" + (f", {fit.crop}² crops" if fit.crop else "")
+        f"{fit.frames} frames"
+        + (f", {fit.crop}² crops" if fit.crop else "")
+        + (f", the first {fit.warm} latent frames warm (no gradient)" if fit.warm else "")
     )
     t_fit, every = time.perf_counter(), max(fit.steps // 10, 1)
     first: list[int] = []  # the first step this run fits (after a resume: the state's next)
@@ -91,6 +93,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         compile=fit.compile,
         fast_ops=fit.fast_ops,
         bf16=fit.bf16,
+        warm=fit.warm,
         state=state_file(cfg),
         state_every_s=fit.state_every_s,
         note=lambda text: rep.log(f"tiny VAE: {text}"),

@@ -431,3 +431,74 @@ def test_the_bf16_fit_is_the_same_math_within_bfloat16_and_its_own_key(tmp_path)
     fit_tiny_vae(clips, state=state, **{**LEVER_FIT, "steps": 2})
     with pytest.raises(FitStateError, match="fit.state.safetensors"):
         fit_tiny_vae(clips, state=state, state_must_match=True, bf16=True, **LEVER_FIT)
+
+
+def test_the_warm_recon_is_diffsynths_encode_and_decode_and_its_warm_frames_train_nothing():
+    """``recon_warm`` walks DiffSynth's loops itself: with no warm frames it gives ``encode`` /
+    ``decode``'s values bit for bit; with warm ones the values are the same, the warm frames' outputs
+    carry no gradient, and the later frames' gradient is cut at the caches (it differs from the
+    whole window's)."""
+    from gc25d_core.models.vae import build_vae
+    from gc25d_core.models.vae_fit import recon_warm, warm_slices
+
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True, dim=8, dec_dim=8)
+    model = vae.model.requires_grad_(True)
+    x = torch.rand(2, 3, 13, 32, 32) * 2 - 1  # 4 latent frames
+    with torch.no_grad():
+        z_ref = model.encode(x, vae.scale)
+        recon_ref = model.decode(z_ref, vae.scale)
+        z0, recon0 = recon_warm(model, x, vae.scale, 0)
+    assert torch.equal(z0, z_ref) and torch.equal(recon0, recon_ref)
+
+    params = list(model.parameters())
+    z2, recon2 = recon_warm(model, x, vae.scale, 2)
+    assert torch.equal(z2.detach(), z_ref) and torch.equal(recon2.detach(), recon_ref)
+    latent_part, image_part = warm_slices(2)
+    assert (latent_part, image_part) == (slice(2, None), slice(5, None))  # latent 2 = image frames 5..8
+    warm_grads = torch.autograd.grad(recon2[:, :, :5].sum(), params, allow_unused=True, retain_graph=True)
+    assert all(g is None or not g.any() for g in warm_grads)
+    cut = torch.autograd.grad(recon2[:, :, image_part].pow(2).mean(), params, allow_unused=True)
+    _, recon_full = recon_warm(model, x, vae.scale, 0)
+    whole = torch.autograd.grad(recon_full[:, :, image_part].pow(2).mean(), params, allow_unused=True)
+    assert any(
+        a is not None and b is not None and not torch.equal(a, b) for a, b in zip(cut, whole, strict=True)
+    )
+
+
+def test_a_warm_fit_scores_only_the_frames_after_the_warm_ones_and_is_its_own_fit():
+    """``warm``: the fit's loss is the later frames' error, their frames decoded after the warm ones
+    (one 5-frame clip, so the window is the clip); warm is in both keys when on, a window must keep a
+    latent frame to score, and the config refuses a warm as long as the window."""
+    from gc25d_core.models.vae import build_vae, frames_to_video
+    from gc25d_core.models.vae_fit import inputs_key, recon_warm, trajectory_key
+    from gc25d_core.schema import ConfigError
+
+    clips = _clips(n=1, frames=5)
+    fit = dict(steps=1, batch=1, frames=5, dim=8, dec_dim=8, seed=0)
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True, dim=8, dec_dim=8)
+    x = frames_to_video(clips[0])[None]
+    with torch.no_grad():
+        _, recon = recon_warm(vae.model, x, vae.scale, 0)
+    later = float((recon[:, :, 1:] - x[:, :, 1:]).pow(2).mean())
+    whole = float((recon - x).pow(2).mean())
+    assert fit_tiny_vae(clips, warm=1, **fit)[1]["loss_first"] == pytest.approx(later, rel=1e-6)
+    assert fit_tiny_vae(clips, warm=0, **fit)[1]["loss_first"] == pytest.approx(whole, rel=1e-6)
+    assert later != pytest.approx(whole, rel=1e-3)
+
+    tk = dict(batch=1, frames=5, lr=5e-4, latent_l2=0.0, seed=0, crop=None, dim=8, dec_dim=8, device="cpu")
+    keys = {w: trajectory_key(clips, compile=False, fast_ops=False, warm=w, **tk) for w in (0, 1)}
+    assert keys[0] == trajectory_key(clips, compile=False, fast_ops=False, **tk) != keys[1]
+    base = load_config("tiny")
+    warm = load_config("tiny", {"vae": {"fit": {"warm": 1}}})
+    assert inputs_key(warm, ["a"], clips) != inputs_key(base, ["a"], clips)
+    assert inputs_key(load_config("tiny", {"vae": {"fit": {"warm": 0}}}), ["a"], clips) == inputs_key(
+        base, ["a"], clips
+    )
+    with pytest.raises(ValueError, match="warm = 2: a 5-frame window has 2 latent frames"):
+        fit_tiny_vae(clips, warm=2, **fit)
+    with pytest.raises(
+        ConfigError, match=r"vae\.fit\.warm=2: vae\.fit: .*warm = 2: a window of frames = 5 has 2"
+    ):
+        load_config("tiny", {"vae": {"fit": {"frames": 5, "warm": 2}}})
