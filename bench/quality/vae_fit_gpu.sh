@@ -15,6 +15,8 @@
 # FIT_ARGS: more picture_study options (--fast-ops: the state's key then differs, a fit of its own;
 # --fit-frames 33 --init $IN/init.safetensors --init-sha256 SHA: longer windows from an
 # earlier fit's weights, the init carried in the first call only, since the state holds them after;
+# --fit-warm W with it: the windows' first W latent frames without gradient, the rest trained on
+# filled time caches;
 # IN=.carry/<folder>: the carried pieces, probe and init of another fit than .carry/vae_fit's).
 # Here, the VAE's state put together again:  cat fit.state.part-* > fit.state.safetensors && sha256sum -c fit.state.sha256
 set -euo pipefail
