@@ -38,7 +38,13 @@ def _kill_all(marker: str) -> None:
 
 
 def _checkpoint_steps(search_root: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in search_root.rglob("checkpoints/step-*"))
+    """The published checkpoints' steps under ``search_root``, read while the job writes: os.walk skips
+    a directory that vanishes under it (a checkpoint's temp folder renamed into place), rglob raises."""
+    steps = []
+    for folder, subfolders, _ in os.walk(search_root):
+        if Path(folder).name == "checkpoints":
+            steps += [int(d.split("-")[1]) for d in subfolders if d.startswith("step-")]
+    return sorted(steps)
 
 
 def _wait_for_job(marker: str, search_root: Path) -> tuple[psutil.Process, list[psutil.Process]]:
