@@ -190,8 +190,9 @@ def fit_tiny_vae(
     forward pass of the warm ones; ``frames`` counts them (``warm`` < ``1 + (frames - 1) / 4``)."""
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
-    if not 0 <= warm < 1 + (frames - 1) // 4:
-        raise ValueError(f"warm = {warm}: a {frames}-frame window has {1 + (frames - 1) // 4} latent frames")
+    latents = 1 + (frames - 1) // 4
+    if not 0 <= warm < latents:
+        raise ValueError(f"warm = {warm}: a {frames}-frame window has {latents} latent frames")
     if crop is not None and crop % 16:
         raise ValueError(f"crop = {crop}: must be a multiple of 16")
     torch.manual_seed(seed)
