@@ -1,5 +1,5 @@
 """The config models' base and their error type (kept apart from ``config`` so that stage sections in
-``train.config`` and the run config in ``config`` can both build on them)."""
+``stage_config`` and the run config in ``config`` can both build on them)."""
 
 from __future__ import annotations
 

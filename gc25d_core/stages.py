@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 
 from gc25d_core.names import InvalidNameError, check_name
 from gc25d_core.schema import ConfigError
-from gc25d_core.train.config import SftConfig, Stage1Config, Stage2Config, Stage3Config, StageConfig
+from gc25d_core.stage_config import SftConfig, Stage1Config, Stage2Config, Stage3Config, StageConfig
 
 Export = Literal["export", "ema"]
 # the hand-off files (gc25d_core.handoff's FINAL and TEACHER, which tests/test_stage_table.py

@@ -18,8 +18,8 @@ import pytest
 from gc25d_core import stages as table
 from gc25d_core.config import Gc25dConfig, RootConfig
 from gc25d_core.handoff import FINAL, TEACHER
+from gc25d_core.stage_config import StageConfig
 from gc25d_core.stages import STAGES, HandoffFile, Stage, Upstream, check_table, stage
-from gc25d_core.train.config import StageConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

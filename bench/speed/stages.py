@@ -494,8 +494,8 @@ def main(argv: list[str] | None = None) -> None:
     from gc25d_core.config import write_resolved
     from gc25d_core.layout import Shapes
     from gc25d_core.models.configs import FULL_CAUSAL
+    from gc25d_core.stage_config import CausalStageConfig, DeployCausalConfig
     from gc25d_core.train.causal_run import train_causal
-    from gc25d_core.train.config import CausalStageConfig, DeployCausalConfig
 
     names = [n for n in args.runs.split(",") if n]
     profiled = {n for n in args.profile.split(",") if n}

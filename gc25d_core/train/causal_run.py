@@ -19,7 +19,7 @@ import torch
 from gc25d_core.distributed import all_reduce
 from gc25d_core.flow import DEPLOY_AXIS, FlowSchedule, noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import FULL_CAUSAL, CausalConfig
-from gc25d_core.train.config import CausalStageConfig
+from gc25d_core.stage_config import CausalStageConfig
 from gc25d_core.train.data import generator
 from gc25d_core.train.denoiser import DenoiserRun
 from gc25d_core.train.inputs import draw_noise, to_device

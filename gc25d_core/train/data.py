@@ -22,8 +22,8 @@ import torch
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.distributed import all_reduce, world_size
 from gc25d_core.hashing import seed_int
+from gc25d_core.stage_config import DataConfig, DropoutConfig
 from gc25d_core.text import prompt_keys
-from gc25d_core.train.config import DataConfig, DropoutConfig
 from gc25d_core.vocab import UNKNOWN, check_ids
 
 

@@ -25,8 +25,8 @@ import torch
 
 from gc25d_core.checkpoint import step_name
 from gc25d_core.distributed import barrier
+from gc25d_core.stage_config import StageConfig
 from gc25d_core.text import TextBank, load_text_table
-from gc25d_core.train.config import StageConfig
 from gc25d_core.train.data import TrainingSample, TrainingStream, batch_of, generator
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import Trained, build_engine

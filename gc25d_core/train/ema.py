@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from gc25d_core.distributed import global_rank
-from gc25d_core.train.config import EmaConfig
+from gc25d_core.stage_config import EmaConfig
 from gc25d_core.train.engine import Trained
 from gc25d_core.train.state import SlotReader, SlotWriter
 

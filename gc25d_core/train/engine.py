@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 
 from gc25d_core.distributed import dist_active, global_rank, world_size
-from gc25d_core.train.config import EngineKind, OptimConfig, StageConfig, ZeroConfig
+from gc25d_core.stage_config import EngineKind, OptimConfig, StageConfig, ZeroConfig
 from gc25d_core.train.state import SlotReader, SlotWriter
 
 __all__ = [

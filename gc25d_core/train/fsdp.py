@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gc25d_core.distributed import global_rank
-from gc25d_core.train.config import EngineKind, FsdpConfig, OptimConfig
+from gc25d_core.stage_config import EngineKind, FsdpConfig, OptimConfig
 from gc25d_core.train.engine import (
     ParamGroups,
     Trained,

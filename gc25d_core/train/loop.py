@@ -40,7 +40,7 @@ from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.handoff import FINAL, TEACHER
 from gc25d_core.report import Reporter
-from gc25d_core.train.config import StageConfig
+from gc25d_core.stage_config import StageConfig
 from gc25d_core.train.engine import Engine
 from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
 from gc25d_core.train.model import resolve_precision, set_determinism

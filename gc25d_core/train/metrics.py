@@ -14,7 +14,7 @@ import torch
 
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.distributed import all_reduce
-from gc25d_core.train.config import ProfileConfig
+from gc25d_core.stage_config import ProfileConfig
 
 
 class JsonlLog:

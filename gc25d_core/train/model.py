@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gc25d_core.config import Gc25dConfig
-from gc25d_core.train.config import ModelConfig, StageConfig
+from gc25d_core.stage_config import ModelConfig, StageConfig
 
 if TYPE_CHECKING:
     from gc25d_core.models.export import ExportMeta

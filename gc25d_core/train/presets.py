@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from gc25d_core.config import CONFIGS_DIR, Gc25dConfig, deep_merge, read_yaml
 from gc25d_core.names import InvalidNameError, path_under
 from gc25d_core.schema import ConfigError, format_validation_error
+from gc25d_core.stage_config import StageConfig
 from gc25d_core.stages import BY_NAME
-from gc25d_core.train.config import StageConfig
 
 # the run config's field of each stage and its section type
 STAGES: dict[str, type[StageConfig]] = {name: s.section for name, s in BY_NAME.items()}

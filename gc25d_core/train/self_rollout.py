@@ -21,7 +21,7 @@ from gc25d_core.distributed import broadcast_ints
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.fast_rollout import ExitCapture, ReplicaMode, RolloutRunner
 from gc25d_core.models.sem_cond import cell_frame_slice, cells_frame_slice
-from gc25d_core.train.config import Stage3Config
+from gc25d_core.stage_config import Stage3Config
 from gc25d_core.train.data import TrainingSample, batch_of, generator
 from gc25d_core.train.inputs import to_device
 

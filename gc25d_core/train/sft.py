@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gc25d_core.config import Gc25dConfig
-from gc25d_core.train.config import SftConfig
+from gc25d_core.stage_config import SftConfig
 from gc25d_core.train.data import TrainingSample, batch_of
 from gc25d_core.train.denoiser import DenoiserRun, MicroLoss
 from gc25d_core.train.inputs import cell_mse, ti2v_inputs

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from gc25d_core.stage_config import Stage1Config
 from gc25d_core.train.causal_run import CausalRun, noise_per_cell
-from gc25d_core.train.config import Stage1Config
 from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.denoiser import MicroLoss
 from gc25d_core.train.inputs import draw_noise

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from gc25d_core.flow import FlowSchedule, x0_at_sigma
+from gc25d_core.stage_config import Stage2Config
 from gc25d_core.train.causal_run import CausalRun, cells_at, noise_per_cell
-from gc25d_core.train.config import Stage2Config
 from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.denoiser import MicroLoss
 from gc25d_core.train.ema import Ema

@@ -40,8 +40,8 @@ from gc25d_core.distributed import all_reduce
 from gc25d_core.flow import noise_at_sigma, x0_at_sigma
 from gc25d_core.models.configs import CausalConfig
 from gc25d_core.models.fast_rollout import RolloutRunner
+from gc25d_core.stage_config import Stage3Config
 from gc25d_core.train.causal_run import CausalRun
-from gc25d_core.train.config import Stage3Config
 from gc25d_core.train.data import TrainingSample
 from gc25d_core.train.denoiser import Micro, Phase
 from gc25d_core.train.ema import Ema

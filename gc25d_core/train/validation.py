@@ -17,7 +17,7 @@ import torch
 
 from gc25d_core.distributed import all_reduce, global_rank, world_size
 from gc25d_core.flow import FlowSchedule
-from gc25d_core.train.config import ValConfig
+from gc25d_core.stage_config import ValConfig
 from gc25d_core.train.data import generator
 from gc25d_core.train.inputs import cell_mse, ti2v_inputs
 from gc25d_core.vocab import UNKNOWN, Vocab, check_ids

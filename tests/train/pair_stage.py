@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gc25d_core.config import Gc25dConfig, load_config  # noqa: E402
 from gc25d_core.distributed import process_group  # noqa: E402
 from gc25d_core.report import StdoutReporter  # noqa: E402
-from gc25d_core.train.config import StageConfig  # noqa: E402
+from gc25d_core.stage_config import StageConfig  # noqa: E402
 from gc25d_core.train.data import generator  # noqa: E402
 from gc25d_core.train.ema import Ema  # noqa: E402
 from gc25d_core.train.engine import build_engine, default_groups  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gc25d_core.train.config import EmaConfig, OptimConfig
+from gc25d_core.stage_config import EmaConfig, OptimConfig
 from gc25d_core.train.ema import Ema
 from gc25d_core.train.engine import TorchEngine, default_groups
 

@@ -117,7 +117,7 @@ def test_a_run_folder_outside_the_runs_root_writes_no_handoff(runs, tmp_path):
 def test_init_exports_must_fit_the_stage(runs, tmp_path):
     """build_model with a hand-off init checks causal / bidirectional, the vocabulary and the dims
     against what the reading stage needs, naming the hand-off file and field."""
-    from gc25d_core.train.config import ModelConfig
+    from gc25d_core.stage_config import ModelConfig
     from gc25d_core.train.model import build_model
 
     cfg = load_config("tiny", {"paths": {"runs_root": str(runs)}})

@@ -12,8 +12,8 @@ import torch
 from gc25d_core.config import ConfigError, load_config
 from gc25d_core.handoff import FINAL, TEACHER
 from gc25d_core.report import StdoutReporter
+from gc25d_core.stage_config import DropoutConfig, ProfileConfig, SftConfig
 from gc25d_core.text import NULL_KEY, prompt_keys
-from gc25d_core.train.config import DropoutConfig, ProfileConfig, SftConfig
 from gc25d_core.train.data import SampleTransform
 from gc25d_core.train.engine import deepspeed_config, lr_lambda
 from gc25d_core.train.inputs import cell_mse, ti2v_inputs
@@ -362,7 +362,7 @@ def test_an_export_init_takes_the_exports_architecture(tmp_path):
     naming the field, a runtime switch applies."""
     from gc25d_core.models.configs import build_gcdit, tiny_config
     from gc25d_core.models.export import export_state_dict, save_export
-    from gc25d_core.train.config import ModelConfig
+    from gc25d_core.stage_config import ModelConfig
     from gc25d_core.train.model import build_model
 
     wide = tiny_config(dim=64, ffn_dim=128, num_layers=3)
@@ -386,7 +386,7 @@ def test_an_export_init_takes_the_exports_architecture(tmp_path):
 def test_flex_kernel_options_reach_the_model_and_need_the_flex_backend():
     from pydantic import ValidationError
 
-    from gc25d_core.train.config import ModelConfig
+    from gc25d_core.stage_config import ModelConfig
     from gc25d_core.train.model import build_model
 
     m = ModelConfig(preset="tiny", init="random", attn_backend="flex", flex_options={"USE_TMA": True})

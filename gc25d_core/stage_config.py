@@ -4,6 +4,10 @@
 model init, optimizer, data, dropouts, validation, EMA, profiler. A stage's section subclasses it
 with its own fields (``SftConfig`` adds the §10 pick rule) and is a typed field of the run config
 (``Gc25dConfig.sft``), filled from ``configs/<stage>/<preset>.yaml`` by ``with_stage``.
+
+It sits at the top level, in the config layer beside ``config`` and ``stages``, not in ``train/``:
+the run config and the stage table name every section, and eval and deploy read the run config
+without importing training code.
 """
 
 from __future__ import annotations
