@@ -139,3 +139,33 @@ def test_the_vae_over_time_splits_a_clip_into_latent_frames_and_scores_each():
     assert psnr_of(0.0) == float("inf")
     with pytest.raises(SystemExit, match=r"--vae 'v.safetensors': FILE@SHA256"):
         main(["--raw", "raw", "--vae", "v.safetensors"])
+
+
+def test_probe_capacity_reads_the_truth_and_not_a_blank_picture():
+    from bench.quality.probe_capacity import capacity_row, main
+
+    rng = np.random.default_rng(0)
+    colours = {0: (90, 160, 230), 2: (200, 180, 140), 10: (40, 60, 160)}  # sky, paving, the player
+
+    def world(n: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.zeros((n, 16, 32), np.uint8)
+        ids[:, 8:] = 2
+        for i in range(n):
+            x = rng.integers(2, 26)
+            ids[i, 5:13, x : x + 4] = 10
+        rgb = np.stack([np.array(colours[int(c)], np.uint8) for c in ids.ravel()]).reshape(n, 16, 32, 3)
+        return rgb, ids
+
+    train, (truth, ids) = world(12), world(4)
+    blank = np.full_like(truth, 128)
+    settings = {"hidden": 16, "steps": 150, "per_class": 500, "batch": 256}
+    row = capacity_row(
+        "small", settings, train, {"ceiling": (truth, truth, ids), "blank": (truth, blank, ids)}
+    )
+    assert row["variant"] == "small" and row["settings"] == settings and row["fit_s"] >= 0
+    assert row["ceiling"]["truth"] == row["ceiling"]["picture"] == row["blank"]["truth"]
+    assert row["ceiling"]["truth"][0] > 0.9 and row["ceiling"]["truth"][1] > 0.8 and row["train_miou"] > 0.9
+    assert row["blank"]["picture"][0] < 0.5 and row["blank"]["picture"][1] < 0.1
+    assert set(row["truth_per_class"]) == {"sky", "paving"}  # the static classes the truth's ids hold
+    with pytest.raises(SystemExit):
+        main(["--raw", "raw", "--frames", "a=f.npz", "--variant", "bad={'hidden': 1}"])

@@ -1,0 +1,96 @@
+"""Does the ids probe's own accuracy hold the picture's score down? Fit probes of other sizes on
+the same train pairs and read the same frames with each: the truth, and the pictures of
+``picture_sheet --frames-out`` files (a VAE's reconstruction, a student's session).
+
+    python -m bench.quality.probe_capacity --preset small --raw /tmp/smallworld/raw \\
+        --frames ceiling=ceil.npz --frames stage2_cd_ema=stage2_cd_ema.npz \\
+        --variant default={} --variant wide='{"hidden": 256, "steps": 6000, "batch": 4096, "per_class": 50000}'
+
+One JSON line per variant: its settings, the fit's seconds and last loss, ids mIoU on every 8th
+train frame, the "ids" IoU per class on the first frames file's truth, and per frames file
+``[mIoU, player IoU]`` of the truth and of the picture. A probe that reads the truth better but
+the pictures no better says the pictures, not the reader, are what is missing
+(docs/picture_study.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Frames = tuple[np.ndarray, np.ndarray, np.ndarray]  # truth, picture, ids (picture_sheet's file)
+
+
+def _pair(s: dict[str, Any]) -> list[float]:
+    return [round(s["miou"], 3), round(s["player_iou"], 3)]
+
+
+def capacity_row(
+    name: str, settings: dict[str, Any], train: tuple[np.ndarray, np.ndarray], sets: dict[str, Frames]
+) -> dict[str, Any]:
+    """Fit one probe variant (``ProbeSettings`` fields) on ``train`` (RGB, ids) and read ``sets``."""
+    from gc25d_core.eval.ids_probe import ProbeSettings, fit_probe, scores_from_ids
+    from gc25d_core.vocab import STATIC_IDS, collapse_parts
+
+    t0 = time.perf_counter()
+    probe, summary = fit_probe(*train, ProbeSettings(**settings))
+    row: dict[str, Any] = {
+        "variant": name,
+        "settings": settings,
+        "fit_s": round(time.perf_counter() - t0, 1),
+        "loss_last": round(summary["loss_last"], 3),
+        "train_miou": round(scores_from_ids(probe.predict(train[0][::8]), train[1][::8])["miou"], 3),
+    }
+    for i, (label, (truth, picture, ids)) in enumerate(sets.items()):
+        t = scores_from_ids(probe.predict(truth), ids)
+        row[label] = {"truth": _pair(t), "picture": _pair(scores_from_ids(probe.predict(picture), ids))}
+        if i == 0:  # the static classes' IoU on the truth: which ones the reader confuses
+            present = set(np.unique(collapse_parts(ids)).tolist())
+            row["truth_per_class"] = {
+                n: round(t["per_class"][n], 2) for r, n in STATIC_IDS.items() if r in present
+            }
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--raw", type=Path, required=True, help="the preset's code world (the train pairs)")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--frames", action="append", default=[], metavar="LABEL=NPZ", required=True)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bench.quality.picture_sheet import read_frames
+    from gc25d_core.config import load_config
+    from gc25d_core.eval.ids_probe import ProbeSettings, probe_pairs
+
+    def split(spec: str, flag: str) -> tuple[str, str]:
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            ap.error(f"{flag} {spec!r}: NAME=VALUE")
+        return name, value
+
+    variants = {}
+    for spec in args.variant:
+        name, text = split(spec, "--variant")
+        try:
+            variants[name] = dict(json.loads(text))
+            ProbeSettings(**variants[name])
+        except (ValueError, TypeError) as e:
+            ap.error(f"--variant {name}: not a JSON object of ProbeSettings fields ({e})")
+    sets = {label: read_frames(Path(p)) for label, p in (split(s, "--frames") for s in args.frames)}
+    torch.set_num_threads(2)
+    cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}})
+    train = probe_pairs(cfg, "train", ProbeSettings().every)
+    for name, settings in variants.items():
+        print(json.dumps(capacity_row(name, settings, train, sets)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
