@@ -34,7 +34,7 @@ def capacity_row(
 ) -> dict[str, Any]:
     """Fit one probe variant (``ProbeSettings`` fields) on ``train`` (RGB, ids) and read ``sets``."""
     from gc25d_core.eval.ids_probe import ProbeSettings, fit_probe, scores_from_ids
-    from gc25d_core.vocab import STATIC_IDS, collapse_parts
+    from gc25d_core.vocab import STATIC_IDS
 
     t0 = time.perf_counter()
     probe, summary = fit_probe(*train, ProbeSettings(**settings))
@@ -48,10 +48,9 @@ def capacity_row(
     for i, (label, (truth, picture, ids)) in enumerate(sets.items()):
         t = scores_from_ids(probe.predict(truth), ids)
         row[label] = {"truth": _pair(t), "picture": _pair(scores_from_ids(probe.predict(picture), ids))}
-        if i == 0:  # the static classes' IoU on the truth: which ones the reader confuses
-            present = set(np.unique(collapse_parts(ids)).tolist())
+        if i == 0:  # the static classes' IoU on the truth (per_class holds the present ones)
             row["truth_per_class"] = {
-                n: round(t["per_class"][n], 2) for r, n in STATIC_IDS.items() if r in present
+                n: round(t["per_class"][n], 2) for n in STATIC_IDS.values() if n in t["per_class"]
             }
     return row
 
