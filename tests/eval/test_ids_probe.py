@@ -137,3 +137,19 @@ def test_ensure_probe_fits_once_per_inputs(tiny_raw: TinyRaw, tmp_path):
     # other settings are other inputs: fitted again
     _, rec3 = ensure_probe(cfg, ProbeSettings(steps=3, batch=64, hidden=8, per_class=200, every=40))
     assert rec3["fitted"] and rec3["inputs_key"] != rec["inputs_key"]
+
+
+@pytest.mark.parametrize("k", [3, 7, 15, 31])
+def test_box_mean_in_two_passes_is_the_square_box_mean_cut_at_the_edges(k: int) -> None:
+    """The features' local means: two 1-D passes give the k × k box's mean, the box cut at the
+    frame's edges (a frame narrower than the box included), as one k × k pool gives it."""
+    from gc25d_core.eval.ids_probe import _box_mean
+
+    x = torch.randn(2, 6, 40, 24, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+    square = torch.nn.functional.avg_pool2d(x, k, 1, k // 2, count_include_pad=False)
+    got = _box_mean(x, k)
+    assert got.shape == x.shape
+    torch.testing.assert_close(got, square, rtol=0, atol=1e-12)
+    # a pixel's box by hand, at a corner: only the pixels inside the frame count
+    r = k // 2
+    assert torch.allclose(got[:, :, 0, 0], x[:, :, : r + 1, : r + 1].mean((2, 3)), atol=1e-12)
