@@ -22,7 +22,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu_env.sh
-IN=${IN:-.carry/vae_fit} WORK=/tmp/vae_fit OUT=${OUT:-/tmp/vae_fit_out} PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda}
+IN=${IN:-.carry/vae_fit} WORK=${WORK:-/tmp/vae_fit} OUT=${OUT:-/tmp/vae_fit_out} PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda}
+# DATA: the code world and the probe (default under WORK; vae_fit_sweep_gpu.sh shares one between fits)
+DATA=${DATA:-$WORK}
 STATE=$WORK/fit.state.safetensors
 mkdir -p "$WORK" "$OUT"
 if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
@@ -33,16 +35,16 @@ if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
 fi
 # the ids probe fitted here on the same code world (ids_probe.safetensors / .json, 29 KB; minutes of
 # a CPU to fit): ensure_probe loads it only if its inputs' key is this world's, else fits its own
-mkdir -p "$WORK/gc25d"
+mkdir -p "$DATA/gc25d"
 for f in "$IN"/ids_probe.safetensors "$IN"/ids_probe.json; do
-  if [ -e "$f" ] && [ ! -e "$WORK/gc25d/$(basename "$f")" ]; then cp "$f" "$WORK/gc25d/"; fi
+  if [ -e "$f" ] && [ ! -e "$DATA/gc25d/$(basename "$f")" ]; then cp "$f" "$DATA/gc25d/"; fi
 done
 # THREADS: the host's threads for the rows decoded on the CPU (the probe fixes its own; a CUDA fit's
 # state does not depend on them)
 # scored on whole val clips (SCORE_FRAMES 81): the time cache's steady state, which the latents job
 # and a live session see; the first 17 frames flatter a fit on short windows
-study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$WORK/raw"
-  --work "$WORK/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}" --frames "${SCORE_FRAMES:-81}")
+study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$DATA/raw"
+  --work "$DATA/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}" --frames "${SCORE_FRAMES:-81}")
 # the code world and the probe, once a machine (minutes on a fresh one), before the fit's budget is set
 "${study[@]}" --prepare-only > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
 # the fit gets what the call has left (CALL_S: the device's 600 s a command, less the transfers),
