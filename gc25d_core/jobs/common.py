@@ -9,13 +9,16 @@ same folder fails on every rank before it touches anything.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from gc25d_core.config import Gc25dConfig, config_from_yaml
-from gc25d_core.distributed import process_group
+from gc25d_core.distributed import is_distributed_launch, process_group
 from gc25d_core.lifeline import die_with_parent, register
 from gc25d_core.report import Reporter, open_reporter
 from gc25d_core.run_lock import hold_run_folder
@@ -62,3 +65,20 @@ def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | No
             main(args, cfg, reporter)
 
     _entry()
+    if is_distributed_launch():
+        _exit_before_finalizing()
+
+
+def _exit_before_finalizing() -> None:
+    """End a rank whose job returned without the interpreter's finalization. After
+    ``destroy_process_group`` gloo's worker threads can still hold the last reference to a finished
+    collective's tensors (``all_gather_object``'s); freeing them takes the GIL, which a finalizing
+    interpreter refuses by ending the thread inside a C++ destructor: std::terminate, SIGABRT, and a
+    rank that fails after its work is done (about one latents job in ten on two CPU ranks; a core's
+    backtrace: ``ProcessGroupGloo::runLoop`` → ``~AsyncAllgatherWork`` → ``take_gil`` →
+    ``pthread_exit``; pytorch/pytorch#190489). Everything the job writes is closed by now (the run
+    folder's lock, the reporter, atomic files); the streams are flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
