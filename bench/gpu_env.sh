@@ -6,3 +6,12 @@
   --target /tmp/site "${WHEELS:-.whl}"/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
   DIFFSYNTH_SKIP_DOWNLOAD=True HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# carry_probe FROM TO: the ids probe fitted elsewhere on the same code world (ids_probe.safetensors /
+# .json, 29 KB; minutes of a CPU to fit), copied into the probe's work folder where it has none;
+# ensure_probe loads it only if its inputs' key is this world's, else fits its own
+carry_probe() {
+  mkdir -p "$2"
+  for f in "$1"/ids_probe.safetensors "$1"/ids_probe.json; do
+    if [ -e "$f" ] && [ ! -e "$2/$(basename "$f")" ]; then cp "$f" "$2/"; fi
+  done
+}

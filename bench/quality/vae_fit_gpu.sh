@@ -33,12 +33,7 @@ if [ ! -e "$STATE" ] && compgen -G "$IN/fit.state.part-*" > /dev/null; then
     echo "=== $IN: the pieces do not match fit.state.sha256" >&2; exit 1; }
   mv "$STATE.in" "$STATE"
 fi
-# the ids probe fitted here on the same code world (ids_probe.safetensors / .json, 29 KB; minutes of
-# a CPU to fit): ensure_probe loads it only if its inputs' key is this world's, else fits its own
-mkdir -p "$DATA/gc25d"
-for f in "$IN"/ids_probe.safetensors "$IN"/ids_probe.json; do
-  if [ -e "$f" ] && [ ! -e "$DATA/gc25d/$(basename "$f")" ]; then cp "$f" "$DATA/gc25d/"; fi
-done
+carry_probe "$IN" "$DATA/gc25d"
 # THREADS: the host's threads for the rows decoded on the CPU (the probe fixes its own; a CUDA fit's
 # state does not depend on them)
 # scored on whole val clips (SCORE_FRAMES 81): the time cache's steady state, which the latents job
@@ -46,7 +41,10 @@ done
 study=(python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$DATA/raw"
   --work "$DATA/gc25d" --latent-mse= --threads "${THREADS:-$(nproc)}" --frames "${SCORE_FRAMES:-81}")
 # the code world and the probe, once a machine (minutes on a fresh one), before the fit's budget is set
-"${study[@]}" --prepare-only > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
+# (PREPARED=1: the caller has just prepared DATA, as vae_fit_sweep_gpu.sh does for its fits)
+if [ "${PREPARED:-0}" != 1 ]; then
+  "${study[@]}" --prepare-only > "$OUT/prepare.log" 2>&1 || { tail -n 30 "$OUT/prepare.log"; exit 1; }
+fi
 # the fit gets what the call has left (CALL_S: the device's 600 s a command, less the transfers),
 # less RESERVE_S for the normalisation pass, the scoring and the pieces
 left=$((${CALL_S:-570} - SECONDS - ${RESERVE_S:-90}))

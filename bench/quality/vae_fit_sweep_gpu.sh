@@ -17,14 +17,10 @@ ROOT=${ROOT:-/tmp/vae_sweep} OUT=${OUT:-/tmp/vae_sweep_out} CALL_S=${CALL_S:-570
 export DATA=$ROOT/world PRESET=${PRESET:-small} DEVICE=${DEVICE:-cuda}
 mkdir -p "$DATA" "$OUT"
 [ -n "${FITS:-}" ] || { echo "vae_fit_sweep_gpu: FITS is empty (e.g. FITS=\"16/16:1e-3 16/64:5e-4\")" >&2; exit 2; }
-# PROBE: a folder with the ids probe fitted elsewhere on the same code world (ids_probe.safetensors /
-# .json, picture_study --prepare-only): the probe fixes its own threads, so on a fresh machine its fit
-# and its reading of the train frames take most of a call; carried, it is checked against this world
-# (ensure_probe) and only refitted if it does not match
-mkdir -p "$DATA/gc25d"
-for f in "${PROBE:-/nonexistent}"/ids_probe.safetensors "${PROBE:-/nonexistent}"/ids_probe.json; do
-  if [ -e "$f" ] && [ ! -e "$DATA/gc25d/$(basename "$f")" ]; then cp "$f" "$DATA/gc25d/"; fi
-done
+# PROBE: a folder with the ids probe fitted elsewhere on the same code world (picture_study
+# --prepare-only): the probe fixes its own threads, so on a fresh machine its fit and its reading of
+# the train frames take minutes of the call
+carry_probe "${PROBE:-/nonexistent}" "$DATA/gc25d"
 # stopped short of the call's end, so that the call says where it stands (the world, once written, is kept)
 prep_s=$((CALL_S - SECONDS - 20))
 timeout "$prep_s" python3 -m bench.quality.picture_study --preset "$PRESET" --device "$DEVICE" --raw "$DATA/raw" \
@@ -43,7 +39,7 @@ for f in "${fits[@]}"; do
   name=fit_${width/\//_}_lr$lr
   names+=("$name")
   # the child's call budget is what this call has left
-  WORK=$ROOT/$name OUT=$ROOT/$name/out WIDTH=$width THREADS=$threads CALL_S=$((CALL_S - SECONDS)) \
+  PREPARED=1 WORK=$ROOT/$name OUT=$ROOT/$name/out WIDTH=$width THREADS=$threads CALL_S=$((CALL_S - SECONDS)) \
     FIT_ARGS="${FIT_ARGS:-} --lr $lr" bash bench/quality/vae_fit_gpu.sh > "$OUT/$name.log" 2>&1 &
   pids+=($!)
 done
