@@ -31,12 +31,15 @@ export OPENBLAS_CORETYPE ?= Haswell
 .PHONY: setup instance run sft dev play services test test-gpu lint validate clean
 
 # Fresh venv with pinned torch (constraints.txt) so diffsynth's torchvision cannot pull a CUDA torch.
+# Last, DeepSpeed's CPU collectives op is compiled (≈ 35 s, into TORCH_EXTENSIONS_DIR) rather than
+# inside the first training job of `make run`.
 setup:
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e '.[dev,scaleout]'
 	$(PY) -c "import gc25d_core, gc25d_pipeline.definitions; print('gc25d setup ok')"
+	DS_ACCELERATOR=cpu $(PY) -c "from gc25d_core.train.zero2 import build_cpu_comm_op as b; print('DeepSpeed CPU comm op:', b())"
 
 # Materialize the whole graph on the embedded default (tiny preset, CPU): the unpartitioned chain up
 # to a published training-cache snapshot, then that snapshot's partition, which the sensors launch

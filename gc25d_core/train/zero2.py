@@ -28,20 +28,41 @@ from gc25d_core.train.state import SlotReader, SlotWriter
 CPU_COMM_OP = "deepspeed_shm_comm"
 
 
-def cpu_op_build_note() -> str | None:
-    """What to say before DeepSpeed starts on CPU when its communication op is not built yet: the
-    compile takes about a minute with no output of its own. None when a build is cached."""
+def _cached_cpu_comm_op() -> tuple[Path, Path | None]:
+    """The extensions folder torch builds into, and the op's library there if a build is cached."""
     import os
 
     from torch.utils.cpp_extension import get_default_build_root
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    if any(root.glob(f"**/{CPU_COMM_OP}/{CPU_COMM_OP}.so")):
+    return root, next(root.glob(f"**/{CPU_COMM_OP}/{CPU_COMM_OP}.so"), None)
+
+
+def cpu_op_build_note() -> str | None:
+    """What to say before DeepSpeed starts on CPU when its communication op is not built yet: the
+    compile takes about a minute with no output of its own. None when a build is cached."""
+    root, cached = _cached_cpu_comm_op()
+    if cached is not None:
         return None
     return (
         f"DeepSpeed is compiling its CPU op {CPU_COMM_OP} (first use in {root}): about a minute without "
         "output; later runs load it from there"
     )
+
+
+def build_cpu_comm_op() -> Path | None:
+    """Compile DeepSpeed's CPU communication op into the extensions folder now (``make setup``), so
+    that the first training job does not spend its first half minute on it; a cached build is only
+    loaded. Returns the op's library, or None where this DeepSpeed has no such op for this machine
+    (another accelerator, not Linux): its jobs then use gloo's collectives, as DeepSpeed does."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return None
+    builder.load(verbose=False)
+    return _cached_cpu_comm_op()[1]
 
 
 class _Zero2Trained:

@@ -4,8 +4,11 @@ printed by every rank."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from gc25d_core.train.zero2 import CPU_COMM_OP, cpu_op_build_note
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_first_cpu_op_build_is_announced_and_a_cached_one_is_not(tmp_path, monkeypatch):
@@ -29,3 +32,20 @@ def test_a_job_names_the_cpu_accelerator_so_deepspeed_does_not_warn():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "cpu"
     assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr
+
+
+def test_setup_builds_the_cpu_op_where_the_jobs_load_it():
+    """`make setup` calls build_cpu_comm_op into the checkout's extensions folder, the one the jobs
+    use: afterwards a job has nothing to announce (a cached build is loaded, not compiled again)."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    code = (
+        "from gc25d_core.train.zero2 import build_cpu_comm_op, cpu_op_build_note\n"
+        "print(build_cpu_comm_op()); print(cpu_op_build_note())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    built, note = proc.stdout.strip().splitlines()[-2:]
+    assert built.endswith(f"/{CPU_COMM_OP}/{CPU_COMM_OP}.so")
+    assert built.startswith(env["TORCH_EXTENSIONS_DIR"])
+    assert note == "None"
