@@ -198,7 +198,9 @@ class KubernetesLauncher(JobLauncher):
 
         core, batch = client.CoreV1Api(), client.BatchV1Api()
         launch.log_dir.mkdir(parents=True, exist_ok=True)
-        name = k8s_name("gc25d", launch.run_dir.parent.name, context.run_id[:8], str(context.retry_number))
+        name = k8s_name(
+            "gc25d", launch.run_dir.parent.name, context.run.run_id[:8], str(context.retry_number)
+        )
         with dg.open_pipes_session(context=context, extras=extras, **shared_fs_pipes(launch)) as session:
             env = {**self.job_env(context.retry_number), **session.get_bootstrap_env_vars()}
             service, job = self.render(module, launch, env, name)

@@ -139,7 +139,7 @@ class TorchrunLauncher(JobLauncher):
         retry = context.retry_number
         multi = self.nnodes > 1
         # one rendezvous per attempt: a peer of the last attempt can never join this one
-        rdzv_id = f"{context.run_id[:8]}-{retry}" if multi else "none"
+        rdzv_id = f"{context.run.run_id[:8]}-{retry}" if multi else "none"
         command = self.command(module, launch.job_args, launch.log_dir, rdzv_id)
         context.log.info(f"launching {self.nnodes}x{self.nproc_per_node} ranks: {' '.join(command)}")
         pipes: dict[str, Any] = {}

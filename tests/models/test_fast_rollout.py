@@ -298,7 +298,10 @@ def test_a_stale_replica_gives_another_rollout_and_load_refreshes_it():
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+    return float(
+        (a.detach().float() - b.detach().float()).abs().max()
+        / b.detach().float().abs().max().clamp_min(1e-12)
+    )
 
 
 def _grad_err(grads, exact) -> float:
