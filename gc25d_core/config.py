@@ -170,6 +170,46 @@ class PathsConfig(Strict):
     runs_root: Path = Path("outputs")
 
 
+def _one_plus_4k(v: int) -> int:
+    if (v - 1) % 4:
+        raise ValueError(f"frames = {v}: must be 1 + 4k (the VAE's causal cells)")
+    return v
+
+
+def _check_warm(warm: int, frames: int) -> None:
+    """A window must keep a latent frame to score after its warm ones."""
+    latents = 1 + (frames - 1) // 4
+    if warm >= latents:
+        raise ValueError(f"warm = {warm}: a window of frames = {frames} has {latents} latent frames")
+
+
+class TinyVaeWarmPhaseConfig(Strict):
+    """The tiny VAE fit's second phase: from the first phase's weights (Adam fresh), longer windows whose
+    first latent frames are warm. Short windows train the cell a clip starts from; a whole clip is
+    coded mostly on filled feature caches, which only warm windows train, and a warm fit never scores
+    a window's first latent frame, so the two phases train both (docs/picture_study.md: a short warm
+    phase after a short-window fit lifts the whole-clip picture; warm windows alone leave the first
+    frame untrained)."""
+
+    steps: int = Field(ge=1)
+    batch: int = Field(ge=1)
+    frames: int = Field(ge=5, description="frames per window (1 + 4k), the warm ones included")
+    warm: int = Field(
+        ge=1, description="latent frames at each window's start out of the loss, as vae.fit.warm"
+    )
+    lr: float = Field(gt=0)
+
+    @field_validator("frames")
+    @classmethod
+    def _frames_one_plus_4k(cls, v: int) -> int:
+        return _one_plus_4k(v)
+
+    @model_validator(mode="after")
+    def _warm_inside_the_window(self) -> TinyVaeWarmPhaseConfig:
+        _check_warm(self.warm, self.frames)
+        return self
+
+
 class TinyVaeFitConfig(Strict):
     """Fitting the tiny VAE to the raw dataset's train-split frames (the ``tiny_vae`` asset,
     gc25d_core.models.vae_fit), so that tiny latents keep the picture the ids describe."""
@@ -251,6 +291,11 @@ class TinyVaeFitConfig(Strict):
         description="frames per clip (1 + 4k) of the reconstruction error in the metadata: the first "
         "ones of every held-out clip (a whole 81-frame decode per clip would cost more than it tells)",
     )
+    then: TinyVaeWarmPhaseConfig | None = Field(
+        default=None,
+        description="a second phase on warm windows from this fit's weights; the file holds its result, "
+        "the first phase's weights are kept beside it (.first.safetensors) so a rerun starts where it stopped",
+    )
     file: str = Field(
         default="models/tiny_vae.safetensors",
         description="under paths.data_root; its SHA256 goes to the record file beside it (.json)",
@@ -258,18 +303,12 @@ class TinyVaeFitConfig(Strict):
 
     @field_validator("frames", "eval_frames")
     @classmethod
-    def _one_plus_4k(cls, v: int) -> int:
-        if (v - 1) % 4:
-            raise ValueError(f"frames = {v}: must be 1 + 4k (the VAE's causal cells)")
-        return v
+    def _frames_one_plus_4k(cls, v: int) -> int:
+        return _one_plus_4k(v)
 
     @model_validator(mode="after")
     def _warm_inside_the_window(self) -> TinyVaeFitConfig:
-        latents = 1 + (self.frames - 1) // 4
-        if self.warm >= latents:
-            raise ValueError(
-                f"warm = {self.warm}: a window of frames = {self.frames} has {latents} latent frames"
-            )
+        _check_warm(self.warm, self.frames)
         return self
 
     @field_validator("crop")

@@ -261,6 +261,43 @@ def test_the_tiny_vae_job_continues_its_fit_when_its_steps_are_raised(tmp_path, 
     assert raised["sha256"] == whole["sha256"] != short["sha256"]
 
 
+def test_a_two_phase_fit_goes_on_from_its_first_phase_and_keeps_it(tmp_path, tiny_raw, one_thread):
+    """``vae.fit.then``: the first phase is the fit its settings give alone (same SHA256 as a job
+    without ``then``), kept beside the weights; the warm phase goes on from it. Raised from 2 warm steps
+    to 3, the job keeps the first phase, continues the warm phase from step 2 and writes the weights of
+    the 3-step fit run in one go."""
+    from gc25d_core.models.vae_fit import first_phase_files
+    from gc25d_core.preprocess.tiny_vae import run_fit
+    from gc25d_core.report import StdoutReporter
+
+    def cfg_of(root: Path, then_steps: int | None):
+        fit: dict = dict(enabled=True, steps=2, batch=1, crop=32, eval_frames=5, dim=8, dec_dim=8)
+        if then_steps is not None:
+            fit["then"] = dict(steps=then_steps, batch=1, frames=9, warm=1, lr=1e-3)
+        cfg = load_config(
+            "tiny",
+            {"paths": {"data_root": str(root)}, "raw": {"root": str(tiny_raw.root)}, "vae": {"fit": fit}},
+        )
+        build_and_write(tiny_raw.root, cfg)
+        return cfg
+
+    rep = StdoutReporter(rank=0)
+    alone = run_fit(cfg_of(tmp_path / "alone", None), rep)
+    two = run_fit(cfg_of(tmp_path / "a", 2), rep)
+    first = two["first_phase"]
+    assert (first["kept"], first["steps"], two["steps"]) == (False, 2, 4)
+    assert first["sha256"] == alone["sha256"] != two["sha256"]
+    weights, _, record = first_phase_files(cfg_of(tmp_path / "a", 2))
+    assert weights.is_file() and json.loads(record.read_text())["path"] == weights.name
+
+    raised = run_fit(cfg_of(tmp_path / "a", 3), rep)
+    whole = run_fit(cfg_of(tmp_path / "b", 3), rep)
+    assert raised["first_phase"]["kept"] and not whole["first_phase"]["kept"]
+    assert (raised["resumed_from"], whole["resumed_from"]) == (2, 0)
+    assert raised["sha256"] == whole["sha256"] != two["sha256"]
+    assert run_fit(cfg_of(tmp_path / "a", 3), rep)["skipped"]
+
+
 def test_a_killed_tiny_vae_job_continues_its_fit_to_the_same_weights(tmp_path, tiny_raw):
     """The tiny_vae job through torchrun, killed hard (os._exit) in its 3rd fit step with its state
     written after every step: run again, it continues from step 2 and writes the weights of the

@@ -84,6 +84,7 @@ def small_config(
         over["geometry"] |= {"dst_width": 128, "dst_height": 64}
         vae = over.get("vae", {})
         fit = {"device": "cpu", "steps": 2, "batch": 1, "crop": 64, "frames": 5}
+        fit["then"] = {"steps": 1, "batch": 1, "frames": 9, "warm": 1, "lr": 3e-4}  # both phases run
         over["vae"] = {**vae, "fit": {**vae.get("fit", {}), **fit}, "num_workers": 0}
         sft = {
             "precision": "fp32",

@@ -8,7 +8,8 @@
 #       OUT=$OUT bash bench/quality/vae_fit_sweep_gpu.sh
 # FITS: DIM/DEC_DIM:LR per fit. Each fit's log is $OUT/<fit>.log (its last row: the VAE so far on
 # whole val clips); SHEETS=1 also draws each VAE's ceiling sheet (picture_sheet) into $OUT, and
-# KEEP=1 brings the VAE files back in 15 MiB pieces with their SHA256.
+# KEEP=1 brings the VAE files back in 15 MiB pieces with their SHA256. RESERVE_S: seconds each fit
+# leaves for its scoring (default by the number of fits).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export WHEELS=${WHEELS:-.whl_fit}
@@ -33,6 +34,9 @@ timeout "$prep_s" python3 -m bench.quality.picture_study --preset "$PRESET" --de
 echo "=== code world and probe ready at $SECONDS s"
 read -ra fits <<< "$FITS"
 threads=$(( $(nproc) / ${#fits[@]} )); threads=$(( threads > 0 ? threads : 1 ))
+# the normalisation pass and the whole-clip scoring after each fit run side by side too: on the H200,
+# about 105 s for one fit alone and 210 s for three (docs/picture_study.md, session 33)
+export RESERVE_S=${RESERVE_S:-$((120 + 50 * (${#fits[@]} - 1)))}
 pids=() names=()
 for f in "${fits[@]}"; do
   width=${f%%:*} lr=${f#*:}

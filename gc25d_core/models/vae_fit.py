@@ -497,13 +497,25 @@ def state_file(cfg: Gc25dConfig) -> Path:
     return fit_file(cfg).with_suffix(".state.safetensors")
 
 
+def first_phase_files(cfg: Gc25dConfig) -> tuple[Path, Path, Path]:
+    """(weights, state, record) of the first phase of a fit with ``vae.fit.then``: its weights are the
+    second phase's start, kept so that a rerun (killed in the second phase, or its steps raised) does
+    not fit the first again."""
+    stem = fit_file(cfg).with_suffix("")
+    return (
+        stem.with_suffix(".first.safetensors"),
+        stem.with_suffix(".first.state.safetensors"),
+        stem.with_suffix(".first.json"),
+    )
+
+
 def record_file(cfg: Gc25dConfig) -> Path:
     """The fit's record: ``{"path", "sha256", "inputs_key", ...summary}`` (JSON) beside the weights."""
     return fit_file(cfg).with_suffix(".json")
 
 
-def read_record(cfg: Gc25dConfig) -> dict[str, Any] | None:
-    path = record_file(cfg)
+def read_record(cfg: Gc25dConfig, path: Path | None = None) -> dict[str, Any] | None:
+    path = record_file(cfg) if path is None else path
     if not path.is_file():
         return None
     try:
@@ -520,13 +532,13 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     order), the clips and their frames' bytes, so an unchanged rerun is recognised and any change
     refits. Where the file goes is not an input."""
     h = hashlib.sha256()
-    # the widths, the speed levers and warm joined the settings later: at their defaults (16 / 16, off, 0)
-    # they stay out of the key, so the fits made before keep theirs and are not fitted again
+    # the widths, the speed levers, warm and then joined the settings later: at their defaults (16 / 16,
+    # off, 0, None) they stay out of the key, so the fits made before keep theirs and are not fitted again
     default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
     settings = cfg.vae.fit.model_dump(
         exclude={"file", "enabled", "state_every_s"}
         | ({"dim", "dec_dim"} if default_widths else set())
-        | {k for k in ("compile", "fast_ops", "bf16", "warm") if not getattr(cfg.vae.fit, k)}
+        | {k for k in ("compile", "fast_ops", "bf16", "warm", "then") if not getattr(cfg.vae.fit, k)}
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())

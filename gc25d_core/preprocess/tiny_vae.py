@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,13 @@ import numpy as np
 import torch
 
 from gc25d_core.atomic import atomic_write_text
-from gc25d_core.config import Gc25dConfig
+from gc25d_core.config import Gc25dConfig, TinyVaeFitConfig, TinyVaeWarmPhaseConfig
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.hashing import sha256_file
 from gc25d_core.index import read_index
 from gc25d_core.layout import Layout
 from gc25d_core.models.vae_fit import (
+    first_phase_files,
     fit_file,
     fit_tiny_vae,
     inputs_key,
@@ -59,45 +61,29 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         return {**rec, "used": True, "skipped": True}
 
     torch.set_num_threads(fit.threads)  # fixed: the reduction order (and so the weights) stays the same
-    rep.log(
-        f"fitting the tiny VAE on {len(train)} train clips: {fit.steps} steps × {fit.batch} windows of "
-        f"{fit.frames} frames"
-        + (f", {fit.crop}² crops" if fit.crop else "")
-        + (f", the first {fit.warm} latent frames warm (no gradient)" if fit.warm else "")
-    )
-    t_fit, every = time.perf_counter(), max(fit.steps // 10, 1)
-    first: list[int] = []  # the first step this run fits (after a resume: the state's next)
-
-    def log(step: int, loss: float) -> None:
-        maybe_inject_fault(step)  # tests: a fit killed part way (GC25D_FAULT; inert otherwise)
-        rep.metrics(step, vae_fit_loss=loss)
-        first[:] = first or [step]
-        if step % every == 0 or step == fit.steps:
-            rate = (step - first[0] + 1) / (time.perf_counter() - t_fit)
-            eta = (fit.steps - step) / rate if rate > 0 else float("nan")
-            rep.log(f"tiny VAE step {step}/{fit.steps}: loss {loss:.4f} ({rate:.2f} steps/s, ETA {eta:.0f}s)")
-
-    vae, summary = fit_tiny_vae(
-        train_frames,
-        steps=fit.steps,
-        batch=fit.batch,
-        frames=fit.frames,
-        lr=fit.lr,
-        seed=fit.seed,
-        crop=fit.crop,
-        norm_frames=fit.norm_frames,
-        log=log,
-        device=fit.device,
-        dim=fit.dim,
-        dec_dim=fit.dec_dim,
-        compile=fit.compile,
-        fast_ops=fit.fast_ops,
-        bf16=fit.bf16,
-        warm=fit.warm,
-        state=state_file(cfg),
-        state_every_s=fit.state_every_s,
-        note=lambda text: rep.log(f"tiny VAE: {text}"),
-    )
+    crops = f", {fit.crop}² crops" if fit.crop else ""
+    phase2 = f"; then {_phase_text(fit.then)}" if fit.then else ""
+    rep.log(f"fitting the tiny VAE on {len(train)} train clips: {_phase_text(fit)}{crops}{phase2}")
+    common: dict[str, Any] = dict(
+        seed=fit.seed, crop=fit.crop, norm_frames=fit.norm_frames, device=fit.device, dim=fit.dim,
+        dec_dim=fit.dec_dim, compile=fit.compile, fast_ops=fit.fast_ops, bf16=fit.bf16,
+        state_every_s=fit.state_every_s, note=lambda text: rep.log(f"tiny VAE: {text}"),
+    )  # fmt: skip
+    t_fit = time.perf_counter()
+    first: dict[str, Any] | None = None
+    if fit.then is None:
+        vae, summary = fit_tiny_vae(
+            train_frames, steps=fit.steps, batch=fit.batch, frames=fit.frames, lr=fit.lr, warm=fit.warm,
+            log=_progress(rep, fit.steps), state=state_file(cfg), **common,
+        )  # fmt: skip
+    else:
+        init, first = _first_phase(cfg, rep, [r.clip_id for r in train], train_frames, common)
+        then = fit.then
+        vae, summary = fit_tiny_vae(
+            train_frames, steps=then.steps, batch=then.batch, frames=then.frames, lr=then.lr, warm=then.warm,
+            init=init, log=_progress(rep, then.steps, offset=fit.steps, name="tiny VAE, warm phase,"),
+            state=state_file(cfg), **common,
+        )  # fmt: skip
     fit_s = time.perf_counter() - t_fit
     n = fit.eval_frames
     held_frames = [load_clip_frames(runs(r), r.start, cfg)[:n] for r in held]
@@ -110,7 +96,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         "inputs_key": key,
         "train_clips": len(train),
         "heldout_clips": len(held),
-        "steps": fit.steps,
+        "steps": fit.steps if fit.then is None else fit.steps + fit.then.steps,
         "resumed_from": summary["resumed_from"],  # the step its state file held (0: fitted in one go)
         "loss_first": summary["loss_first"],
         "loss_last": summary["loss_last"],
@@ -121,7 +107,75 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         "psnr_heldout_db": 10 * float(np.log10(4.0 / held_mse)) if held_frames else float("nan"),
         "fit_seconds": fit_s,
         "seconds": time.perf_counter() - t0,
+        **({} if first is None else {"first_phase": first}),  # resumed_from above: the warm phase's
     }
     atomic_write_text(record_file(cfg), json.dumps(rec, indent=1))
     rep.log(f"tiny VAE written to {path} (sha256 {digest[:12]}…), held-out recon MSE {held_mse:.4f}")
     return {**rec, "used": True, "skipped": False}
+
+
+def _phase_text(p: TinyVaeFitConfig | TinyVaeWarmPhaseConfig) -> str:
+    warm = f", the first {p.warm} latent frames warm (no gradient)" if p.warm else ""
+    return f"{p.steps} steps × {p.batch} windows of {p.frames} frames{warm}"
+
+
+def _progress(
+    rep: Reporter, steps: int, *, offset: int = 0, name: str = "tiny VAE"
+) -> Callable[[int, float], None]:
+    """The fit's ``log``: the loss as a metric and a line every tenth of ``steps`` with the rate and
+    the ETA. ``offset``: the steps before this phase, so metrics and injected faults count the fit's
+    steps across its phases."""
+    t0, every = time.perf_counter(), max(steps // 10, 1)
+    first: list[int] = []  # the first step this run fits (after a resume: the state's next)
+
+    def log(step: int, loss: float) -> None:
+        maybe_inject_fault(offset + step)  # tests: a fit killed part way (GC25D_FAULT; inert otherwise)
+        rep.metrics(offset + step, vae_fit_loss=loss)
+        first[:] = first or [step]
+        if step % every == 0 or step == steps:
+            rate = (step - first[0] + 1) / (time.perf_counter() - t0)
+            eta = (steps - step) / rate if rate > 0 else float("nan")
+            rep.log(f"{name} step {step}/{steps}: loss {loss:.4f} ({rate:.2f} steps/s, ETA {eta:.0f}s)")
+
+    return log
+
+
+def _first_phase(
+    cfg: Gc25dConfig, rep: Reporter, clip_ids: list[str], clips: list[np.ndarray], common: dict[str, Any]
+) -> tuple[tuple[Path, str], dict[str, Any]]:
+    """The first phase of a fit with ``vae.fit.then``: the fit its settings give without ``then``,
+    kept beside the final weights under its own record (its inputs key is the key of that fit alone),
+    so a rerun with the same inputs goes straight to the warm phase. Returns ((weights, SHA256), its
+    record)."""
+    fit = cfg.vae.fit
+    weights, state, record = first_phase_files(cfg)
+    alone = cfg.model_copy(
+        update={"vae": cfg.vae.model_copy(update={"fit": fit.model_copy(update={"then": None})})}
+    )
+    key = inputs_key(alone, clip_ids, clips)
+    rec = read_record(cfg, record)
+    if (
+        rec is not None
+        and rec["inputs_key"] == key
+        and weights.is_file()
+        and sha256_file(weights) == rec["sha256"]
+    ):
+        rep.log(f"tiny VAE, first phase: {weights} is up to date (sha256 {rec['sha256'][:12]}…): kept")
+        return (weights, rec["sha256"]), {**rec, "kept": True}
+    vae, summary = fit_tiny_vae(
+        clips, steps=fit.steps, batch=fit.batch, frames=fit.frames, lr=fit.lr, warm=fit.warm,
+        log=_progress(rep, fit.steps, name="tiny VAE, first phase,"), state=state, **common,
+    )  # fmt: skip
+    digest = save_tiny_vae(vae, weights)
+    rec = {
+        "path": weights.name,
+        "sha256": digest,
+        "inputs_key": key,
+        "steps": fit.steps,
+        "resumed_from": summary["resumed_from"],
+        "loss_first": summary["loss_first"],
+        "loss_last": summary["loss_last"],
+    }
+    atomic_write_text(record, json.dumps(rec, indent=1))
+    rep.log(f"tiny VAE, first phase, written to {weights} (sha256 {digest[:12]}…)")
+    return (weights, digest), {**rec, "kept": False}

@@ -502,3 +502,22 @@ def test_a_warm_fit_scores_only_the_frames_after_the_warm_ones_and_is_its_own_fi
         ConfigError, match=r"vae\.fit\.warm=2: vae\.fit: .*warm = 2: a window of frames = 5 has 2"
     ):
         load_config("tiny", {"vae": {"fit": {"frames": 5, "warm": 2}}})
+
+
+def test_a_warm_phase_is_checked_like_the_fit_and_in_the_key_only_when_set():
+    """``vae.fit.then``: its frames are 1 + 4k and its warm leaves a latent frame to score (errors name
+    the field); set, it is part of the fit's key, unset the key is the one fits without it had."""
+    from gc25d_core.models.vae_fit import inputs_key
+    from gc25d_core.schema import ConfigError
+
+    clips = _clips(frames=5)
+    then = dict(steps=3, batch=2, frames=41, warm=8, lr=1e-3)
+    base, warm = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"then": then}}})
+    assert warm.vae.fit.then is not None and warm.vae.fit.then.warm == 8
+    other = load_config("tiny", {"vae": {"fit": {"then": {**then, "steps": 4}}}})
+    keys = {inputs_key(c, ["a"], clips) for c in (base, warm, other)}
+    assert len(keys) == 3
+    with pytest.raises(ConfigError, match=r"vae\.fit\.then.*warm = 3: a window of frames = 9 has 3"):
+        load_config("tiny", {"vae": {"fit": {"then": {**then, "frames": 9, "warm": 3}}}})
+    with pytest.raises(ConfigError, match=r"vae\.fit\.then.*frames = 40: must be 1 \+ 4k"):
+        load_config("tiny", {"vae": {"fit": {"then": {**then, "frames": 40}}}})
