@@ -236,6 +236,16 @@ def test_latents_batch_encoded_before_a_failure_is_still_written(tmp_path, tiny_
     assert not layout.latents(rows[1].clip_id).exists()
 
 
+def _fit_cfg(root: Path, raw_root: Path, **fit):
+    """The tiny preset with a token tiny VAE fit (8 wide, 32² crops) under ``root``, its index written;
+    ``fit``: more vae.fit settings."""
+    fit = dict(enabled=True, batch=1, crop=32, eval_frames=5, dim=8, dec_dim=8) | fit
+    over = {"paths": {"data_root": str(root)}, "raw": {"root": str(raw_root)}, "vae": {"fit": fit}}
+    cfg = load_config("tiny", over)
+    build_and_write(raw_root, cfg)
+    return cfg
+
+
 def test_the_tiny_vae_job_continues_its_fit_when_its_steps_are_raised(tmp_path, tiny_raw, one_thread):
     """The tiny_vae job keeps the fit's state beside the weights: raised from 2 steps to 3, it
     continues from step 2 and writes the weights a 3-step fit in one go writes (same SHA256)."""
@@ -244,13 +254,7 @@ def test_the_tiny_vae_job_continues_its_fit_when_its_steps_are_raised(tmp_path, 
     from gc25d_core.report import StdoutReporter
 
     def cfg_of(root: Path, steps: int):
-        fit = dict(enabled=True, steps=steps, batch=1, crop=32, eval_frames=5, dim=8, dec_dim=8)
-        cfg = load_config(
-            "tiny",
-            {"paths": {"data_root": str(root)}, "raw": {"root": str(tiny_raw.root)}, "vae": {"fit": fit}},
-        )
-        build_and_write(tiny_raw.root, cfg)
-        return cfg
+        return _fit_cfg(root, tiny_raw.root, steps=steps)
 
     rep = StdoutReporter(rank=0)
     short = run_fit(cfg_of(tmp_path / "a", 2), rep)
@@ -271,15 +275,8 @@ def test_a_two_phase_fit_goes_on_from_its_first_phase_and_keeps_it(tmp_path, tin
     from gc25d_core.report import StdoutReporter
 
     def cfg_of(root: Path, then_steps: int | None):
-        fit: dict = dict(enabled=True, steps=2, batch=1, crop=32, eval_frames=5, dim=8, dec_dim=8)
-        if then_steps is not None:
-            fit["then"] = dict(steps=then_steps, batch=1, frames=9, warm=1, lr=1e-3)
-        cfg = load_config(
-            "tiny",
-            {"paths": {"data_root": str(root)}, "raw": {"root": str(tiny_raw.root)}, "vae": {"fit": fit}},
-        )
-        build_and_write(tiny_raw.root, cfg)
-        return cfg
+        then = None if then_steps is None else dict(steps=then_steps, batch=1, frames=9, warm=1, lr=1e-3)
+        return _fit_cfg(root, tiny_raw.root, steps=2, then=then)
 
     rep = StdoutReporter(rank=0)
     alone = run_fit(cfg_of(tmp_path / "alone", None), rep)

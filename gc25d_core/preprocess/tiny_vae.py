@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -56,7 +56,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
     train_frames = [load_clip_frames(runs(r), r.start, cfg) for r in train]
     key = inputs_key(cfg, [r.clip_id for r in train], train_frames)
     path, rec = fit_file(cfg), read_record(cfg)
-    if rec is not None and rec["inputs_key"] == key and path.is_file() and sha256_file(path) == rec["sha256"]:
+    if _up_to_date(rec, path, key):
         rep.log(f"tiny VAE {path} is up to date (same inputs, sha256 {rec['sha256'][:12]}…): kept")
         return {**rec, "used": True, "skipped": True}
 
@@ -114,6 +114,16 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
     return {**rec, "used": True, "skipped": False}
 
 
+def _up_to_date(rec: dict[str, Any] | None, weights: Path, key: str) -> TypeGuard[dict[str, Any]]:
+    """A fit's file stands: its record has these inputs and the file has the record's SHA256."""
+    return (
+        rec is not None
+        and rec["inputs_key"] == key
+        and weights.is_file()
+        and sha256_file(weights) == rec["sha256"]
+    )
+
+
 def _phase_text(p: TinyVaeFitConfig | TinyVaeWarmPhaseConfig) -> str:
     warm = f", the first {p.warm} latent frames warm (no gradient)" if p.warm else ""
     return f"{p.steps} steps × {p.batch} windows of {p.frames} frames{warm}"
@@ -154,12 +164,7 @@ def _first_phase(
     )
     key = inputs_key(alone, clip_ids, clips)
     rec = read_record(cfg, record)
-    if (
-        rec is not None
-        and rec["inputs_key"] == key
-        and weights.is_file()
-        and sha256_file(weights) == rec["sha256"]
-    ):
+    if _up_to_date(rec, weights, key):
         rep.log(f"tiny VAE, first phase: {weights} is up to date (sha256 {rec['sha256'][:12]}…): kept")
         return (weights, rec["sha256"]), {**rec, "kept": True}
     vae, summary = fit_tiny_vae(
