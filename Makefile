@@ -91,8 +91,16 @@ instance:
 services:
 	bash .ci/services.sh
 
+# The suite on TEST_JOBS processes (pytest-xdist), a test file to a process: a file's module fixtures
+# are built once, and its tests that share a real service, a port or a run folder stay in order. Most
+# tests wait on launched processes, so two processes on two cores overlap them (docs/benchmarks.md);
+# TEST_JOBS=0 runs it in this one process. OMP_WAIT_POLICY=PASSIVE: an OpenMP thread that waits sleeps
+# instead of spinning, which two processes' fixed-thread fits (the tiny VAE's 2 threads) otherwise
+# spend on each other's cores (two such tests side by side: 78 s each spinning, 29 s passive; one alone
+# 20 s against 31). The results do not depend on it.
+TEST_JOBS ?= 2
 test:
-	$(PY) -m pytest -q
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-gpu:
 	$(PY) -m pytest -q -m "gpu and not fa4"
