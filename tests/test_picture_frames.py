@@ -142,7 +142,7 @@ def test_the_vae_over_time_splits_a_clip_into_latent_frames_and_scores_each():
 
 
 def test_probe_capacity_reads_the_truth_and_not_a_blank_picture():
-    from bench.quality.probe_capacity import capacity_row, main
+    from bench.quality.probe_capacity import capacity_row, main, with_blurred_copy
 
     rng = np.random.default_rng(0)
     colours = {0: (90, 160, 230), 2: (200, 180, 140), 10: (40, 60, 160)}  # sky, paving, the player
@@ -166,6 +166,16 @@ def test_probe_capacity_reads_the_truth_and_not_a_blank_picture():
     assert row["ceiling"]["truth"] == row["ceiling"]["picture"] == row["blank"]["truth"]
     assert row["ceiling"]["truth"][0] > 0.9 and row["ceiling"]["truth"][1] > 0.8 and row["train_miou"] > 0.9
     assert row["blank"]["picture"][0] < 0.5 and row["blank"]["picture"][1] < 0.1
+    assert (
+        row["ceiling"]["blank"] == row["blank"]["blank"] == row["blank"]["picture"]
+    )  # each set's grey frame
     assert set(row["truth_per_class"]) == {"sky", "paving"}  # the static classes the truth's ids hold
+    # a reader fitted with blurred copies too: the pairs doubled, the ids the same, the frames blurred
+    rgb2, ids2 = with_blurred_copy(train, 2.0)
+    assert len(rgb2) == 24 and (ids2[12:] == train[1]).all() and (rgb2[:12] == train[0]).all()
+    sigmas = np.random.default_rng(0).uniform(0.0, 2.0, 12)
+    assert [bool((rgb2[12 + i] != train[0][i]).any()) for i in range(12)] == list(sigmas >= 0.3)
+    blurred = capacity_row("blur", {**settings, "blur": 2.0}, train, {"ceiling": (truth, truth, ids)})
+    assert blurred["settings"]["blur"] == 2.0 and blurred["ceiling"]["truth"][0] > 0.9
     with pytest.raises(SystemExit):
         main(["--raw", "raw", "--frames", "a=f.npz", "--variant", "bad={'hidden': 1}"])

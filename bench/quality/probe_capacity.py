@@ -4,11 +4,16 @@ the same train pairs and read the same frames with each: the truth, and the pict
 
     python -m bench.quality.probe_capacity --preset small --raw /tmp/smallworld/raw \\
         --frames ceiling=ceil.npz --frames stage2_cd_ema=stage2_cd_ema.npz \\
-        --variant default={} --variant wide='{"hidden": 256, "steps": 6000, "batch": 4096, "per_class": 50000}'
+        --variant default={} --variant wide='{"hidden": 256, "steps": 6000, "batch": 4096, "per_class": 50000}' \\
+        --variant blur='{"blur": 2.0}'
 
 One JSON line per variant: its settings, the fit's seconds and last loss, ids mIoU on every 8th
 train frame, the "ids" IoU per class on the first frames file's truth, and per frames file
-``[mIoU, player IoU]`` of the truth and of the picture. A probe that reads the truth better but
+``[mIoU, player IoU]`` of the truth, of the picture and of a blank (mid-grey) frame: a reader that
+finds the scene in a blank frame reads the ids, not the picture. ``"blur": S`` in a variant fits it
+on the train pairs plus a copy of each frame blurred by a Gaussian of σ drawn in [0, S] px (the
+same ids): a reader that has to find the scene where the texture is gone, as in a VAE's
+reconstruction. A probe that reads the truth better but
 the pictures no better says the pictures, not the reader, are what is missing
 (docs/picture_study.md)."""
 
@@ -29,15 +34,33 @@ def _pair(s: dict[str, Any]) -> list[float]:
     return [round(s["miou"], 3), round(s["player_iou"], 3)]
 
 
+def with_blurred_copy(
+    train: tuple[np.ndarray, np.ndarray], max_sigma: float, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (RGB, ids) pairs and after them each frame again, blurred by a Gaussian of σ drawn
+    uniformly in [0, ``max_sigma``] px (below 0.3 px: left sharp), with the same ids; seeded."""
+    import cv2
+
+    rgb, ids = train
+    sigmas = np.random.default_rng(seed).uniform(0.0, max_sigma, len(rgb))
+    blurred = np.stack(
+        [cv2.GaussianBlur(f, (0, 0), s) if s >= 0.3 else f for f, s in zip(rgb, sigmas, strict=True)]
+    )
+    return np.concatenate([rgb, blurred]), np.concatenate([ids, ids])
+
+
 def capacity_row(
     name: str, settings: dict[str, Any], train: tuple[np.ndarray, np.ndarray], sets: dict[str, Frames]
 ) -> dict[str, Any]:
-    """Fit one probe variant (``ProbeSettings`` fields) on ``train`` (RGB, ids) and read ``sets``."""
+    """Fit one probe variant (``ProbeSettings`` fields, and ``blur``: see the module's docstring) on
+    ``train`` (RGB, ids) and read ``sets``."""
     from gc25d_core.eval.ids_probe import ProbeSettings, fit_probe, scores_from_ids
     from gc25d_core.vocab import STATIC_IDS
 
     t0 = time.perf_counter()
-    probe, summary = fit_probe(*train, ProbeSettings(**settings))
+    fit_settings = {k: v for k, v in settings.items() if k != "blur"}
+    pairs = with_blurred_copy(train, settings["blur"]) if settings.get("blur") else train
+    probe, summary = fit_probe(*pairs, ProbeSettings(**fit_settings))
     row: dict[str, Any] = {
         "variant": name,
         "settings": settings,
@@ -47,7 +70,11 @@ def capacity_row(
     }
     for i, (label, (truth, picture, ids)) in enumerate(sets.items()):
         t = scores_from_ids(probe.predict(truth), ids)
-        row[label] = {"truth": _pair(t), "picture": _pair(scores_from_ids(probe.predict(picture), ids))}
+        row[label] = {
+            "truth": _pair(t),
+            "picture": _pair(scores_from_ids(probe.predict(picture), ids)),
+            "blank": _pair(scores_from_ids(probe.predict(np.full_like(truth, 128)), ids)),
+        }
         if i == 0:  # the static classes' IoU on the truth (per_class holds the present ones)
             row["truth_per_class"] = {
                 n: round(t["per_class"][n], 2) for n in STATIC_IDS.values() if n in t["per_class"]
@@ -80,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         name, text = split(spec, "--variant")
         try:
             variants[name] = dict(json.loads(text))
-            ProbeSettings(**variants[name])
+            ProbeSettings(**{k: v for k, v in variants[name].items() if k != "blur"})
         except (ValueError, TypeError) as e:
             ap.error(f"--variant {name}: not a JSON object of ProbeSettings fields ({e})")
     sets = {label: read_frames(Path(p)) for label, p in (split(s, "--frames") for s in args.frames)}
