@@ -49,6 +49,11 @@ def with_blurred_copy(
     return np.concatenate([rgb, blurred]), np.concatenate([ids, ids])
 
 
+def probe_fields(variant: dict[str, Any]) -> dict[str, Any]:
+    """A variant's ``ProbeSettings`` fields: all of it but ``blur``, which shapes the train pairs."""
+    return {k: v for k, v in variant.items() if k != "blur"}
+
+
 def capacity_row(
     name: str, settings: dict[str, Any], train: tuple[np.ndarray, np.ndarray], sets: dict[str, Frames]
 ) -> dict[str, Any]:
@@ -58,9 +63,8 @@ def capacity_row(
     from gc25d_core.vocab import STATIC_IDS
 
     t0 = time.perf_counter()
-    fit_settings = {k: v for k, v in settings.items() if k != "blur"}
     pairs = with_blurred_copy(train, settings["blur"]) if settings.get("blur") else train
-    probe, summary = fit_probe(*pairs, ProbeSettings(**fit_settings))
+    probe, summary = fit_probe(*pairs, ProbeSettings(**probe_fields(settings)))
     row: dict[str, Any] = {
         "variant": name,
         "settings": settings,
@@ -70,10 +74,12 @@ def capacity_row(
     }
     for i, (label, (truth, picture, ids)) in enumerate(sets.items()):
         t = scores_from_ids(probe.predict(truth), ids)
+        # one grey frame read: the probe reads each pixel from its neighbourhood, so every grey frame alike
+        grey = np.repeat(probe.predict(np.full_like(truth[:1], 128)), len(ids), axis=0)
         row[label] = {
             "truth": _pair(t),
             "picture": _pair(scores_from_ids(probe.predict(picture), ids)),
-            "blank": _pair(scores_from_ids(probe.predict(np.full_like(truth, 128)), ids)),
+            "blank": _pair(scores_from_ids(grey, ids)),
         }
         if i == 0:  # the static classes' IoU on the truth (per_class holds the present ones)
             row["truth_per_class"] = {
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         name, text = split(spec, "--variant")
         try:
             variants[name] = dict(json.loads(text))
-            ProbeSettings(**{k: v for k, v in variants[name].items() if k != "blur"})
+            ProbeSettings(**probe_fields(variants[name]))
         except (ValueError, TypeError) as e:
             ap.error(f"--variant {name}: not a JSON object of ProbeSettings fields ({e})")
     sets = {label: read_frames(Path(p)) for label, p in (split(s, "--frames") for s in args.frames)}

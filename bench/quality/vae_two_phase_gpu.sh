@@ -2,8 +2,8 @@
 # The `small` preset's two-phase tiny-VAE fit (configs/small.yaml: `vae.fit`, then `vae.fit.then`'s
 # warm windows from its weights) through picture_study on one GPU, for the preset or a config file
 # made from it (e.g. the same code world at twice the resolution), each phase scored on whole val
-# clips by the ids probe. Each phase keeps its state, so calls on one warm machine add up: call again
-# until the warm phase's row is printed.
+# clips by the ids probe. Each phase keeps its state, so calls on one warm machine add up: a call that
+# ends before the warm phase's row exits 3 (unfinished: call again), never 0.
 # Usage (device machine, repository root; carry [".whl_fit", PROBE, the config file]):
 #     PRESET=.carry/small2x.yaml PROBE=.carry/probe_small2x OUT=$OUT bash bench/quality/vae_two_phase_gpu.sh
 # PROBE: the ids probe fitted on the same code world elsewhere (picture_study --prepare-only): it
@@ -35,24 +35,21 @@ t = f.then
 print(f.steps, t.steps, t.frames, t.warm, t.batch, t.lr)
 EOF
 )
-# phase NAME STEPS OPTIONS...: fit until STEPS (its state kept), then score; .done once STEPS are in
+# phase NAME STEPS OPTIONS...: fit until STEPS (its state kept), then score; done once the VAE of
+# STEPS steps is saved
 phase() {
   local name=$1 steps=$2
   shift 2
-  [ -e "$ROOT/$name.done" ] && return 0
+  compgen -G "$ROOT/$name/tiny_vae_${steps}steps_*.safetensors" > /dev/null && return 0
   local left=$((CALL_S - SECONDS - RESERVE_S))
-  [ "$left" -gt 30 ] || { echo "=== $name: no time left this call ($SECONDS s gone): call again"; exit 0; }
+  [ "$left" -gt 30 ] || { echo "=== $name: no time left this call ($SECONDS s gone): call again"; exit 3; }
   echo "=== $name: fitting up to $left s (at $SECONDS s of the call)"
   local once=()  # the truth's and a random VAE's rows: in the first phase's first call only
   [ "$name" = first ] && [ ! -e "$ROOT/$name.state.safetensors" ] || once=(--no-baselines)
   "${study[@]}" --fits "$steps@16" "${once[@]}" "$@" --fit-seconds "$left" --state "$ROOT/$name.state.safetensors" \
     --save-dir "$ROOT/$name" 2>&1 | grep --line-buffered -v WARNING | tee -a "$OUT/$name.log"
-  if compgen -G "$ROOT/$name/tiny_vae_${steps}steps_*.safetensors" > /dev/null; then
-    touch "$ROOT/$name.done"
-  else
-    echo "=== $name: not at $steps steps yet: call again"
-    exit 0
-  fi
+  compgen -G "$ROOT/$name/tiny_vae_${steps}steps_*.safetensors" > /dev/null || {
+    echo "=== $name: not at $steps steps yet: call again"; exit 3; }
 }
 phase first "$steps1"
 first=$(ls "$ROOT"/first/tiny_vae_"${steps1}"steps_*.safetensors)
