@@ -279,6 +279,14 @@ class TinyVaeFitConfig(Strict):
         "forward pass of the warm frames. Counted in frames (warm < 1 + (frames - 1) / 4); part of the "
         "fit's key when not 0",
     )
+    class_weight: float = Field(
+        default=0.0,
+        ge=0,
+        description="each pixel's squared error weighs p^-class_weight, p: the share of the train "
+        "pixels of its id (the ids vocabulary: the player, the boss, each static class), scaled to a "
+        "mean weight of 1, in both phases; 0 (off): the plain loss. The rare classes get more of the "
+        "code than their area (docs/picture_study.md). Part of the fit's key when not 0",
+    )
     state_every_s: float = Field(
         default=60.0,
         gt=0,

@@ -319,3 +319,18 @@ def test_a_killed_tiny_vae_job_continues_its_fit_to_the_same_weights(tmp_path, t
     resumed_md, clean_md = _summary(resumed), _summary(clean)
     assert (resumed_md["resumed_from"], clean_md["resumed_from"]) == (2, 0)
     assert resumed_md["sha256"] == clean_md["sha256"]
+
+
+def test_a_class_weighted_tiny_vae_job_fits_under_its_own_key(tmp_path, tiny_raw, one_thread):
+    """``vae.fit.class_weight``: the job reads the train clips' pixel ids and fits with them (other
+    weights than the plain fit's), under a key of its own, and keeps its file on an unchanged rerun."""
+    from gc25d_core.preprocess.tiny_vae import run_fit
+    from gc25d_core.report import StdoutReporter
+
+    rep = StdoutReporter(rank=0)
+    plain = run_fit(_fit_cfg(tmp_path / "plain", tiny_raw.root, steps=2), rep)
+    cfg = _fit_cfg(tmp_path / "cw", tiny_raw.root, steps=2, class_weight=0.5)
+    weighted = run_fit(cfg, rep)
+    assert weighted["inputs_key"] != plain["inputs_key"] and weighted["sha256"] != plain["sha256"]
+    again = run_fit(cfg, rep)
+    assert again["skipped"] and again["sha256"] == weighted["sha256"]

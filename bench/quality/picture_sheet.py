@@ -104,13 +104,14 @@ def ceiling_frames(args: argparse.Namespace, cfg: Any) -> tuple[np.ndarray, np.n
     if args.linear is not None:  # the best linear code of the VAE's shape (picture_study --linear)
         return (
             np.concatenate(truth),
-            np.concatenate(linear_code_recon(train_clips(cfg), truth, args.linear)),
+            np.concatenate(linear_code_recon(train_clips(cfg)[0], truth, args.linear)),
             np.concatenate(ids),
         )
     if args.vae is not None:
         vae = load_tiny_vae(args.vae, expected_sha256=args.sha256)
     else:
-        vae, _ = fit_vae(train_clips(cfg), args.fit_steps, 16, cfg)
+        clips, classes = train_clips(cfg, classes=bool(cfg.vae.fit.class_weight))
+        vae, _ = fit_vae(clips, args.fit_steps, 16, cfg, classes=classes)
     return np.concatenate(truth), np.concatenate(recon(vae, truth)), np.concatenate(ids)
 
 

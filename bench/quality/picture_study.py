@@ -74,19 +74,20 @@ def held_out(cfg: Any, frames: int) -> tuple[list[np.ndarray], list[np.ndarray]]
     return rgb, ids
 
 
-def train_clips(cfg: Any) -> list[np.ndarray]:
-    """The train split's clips as the tiny_vae job reads them (81 frames each)."""
+def train_clips(cfg: Any, classes: bool = False) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The train split's clips as the tiny_vae job reads them (81 frames each) and, with ``classes``,
+    their pixels' ids as its class-weighted loss takes them."""
     from gc25d_core.index import split_of_runs
+    from gc25d_core.preprocess.clips import build_cond
     from gc25d_core.preprocess.latents import load_clip_frames
     from gc25d_core.raw_layout import RawSource
+    from gc25d_core.vocab import collapse_parts
 
     raw = RawSource(Path(cfg.raw.root))
     splits = split_of_runs([r.run for r in raw.runs()], cfg.index)
-    return [
-        load_clip_frames(raw.run(c.subset, c.scene, c.run), c.start, cfg)
-        for c in raw.clips
-        if splits[c.run] == "train"
-    ]
+    runs = [(raw.run(c.subset, c.scene, c.run), c.start) for c in raw.clips if splits[c.run] == "train"]
+    frames = [load_clip_frames(run, start, cfg) for run, start in runs]
+    return frames, [collapse_parts(build_cond(run, start, cfg)) for run, start in runs] if classes else None
 
 
 def recon(vae: Any, clips: list[np.ndarray], latent_mse: float = 0.0, seed: int = 0) -> list[np.ndarray]:
@@ -193,11 +194,14 @@ def fit_vae(
     frames: int | None = None,
     init: tuple[Path, str] | None = None,
     warm: int | None = None,
+    classes: list[np.ndarray] | None = None,
+    class_weight: float | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The tiny_vae job's fit (gc25d_core.models.vae_fit.fit_tiny_vae with cfg.vae.fit), its
     encoder of width ``dim`` and decoder of ``dec_dim`` (default ``dim``; the presets: 16 / 16);
     ``lr`` / ``batch`` / ``compile`` / ``fast_ops`` / ``bf16`` / ``frames`` (the windows' length) /
-    ``warm`` (the windows' latent frames without gradient) / ``seconds`` (a time budget) in place of the preset's; ``init``: (file, SHA256) of a fitted VAE
+    ``warm`` (the windows' latent frames without gradient) / ``class_weight`` (with the train clips' pixel ids,
+    ``classes``) / ``seconds`` (a time budget) in place of the preset's; ``init``: (file, SHA256) of a fitted VAE
     the fit starts from (fit_tiny_vae's). Returns
     the VAE and its timing: ``fit_s`` (all of it, the normalisation pass included), ``steps`` the
     weights have had, ``first_step_s`` (a compiled fit's compile is in it) and ``step_s`` (the median
@@ -230,6 +234,8 @@ def fit_vae(
         note=print,
         init=init,
         warm=f.warm if warm is None else warm,
+        classes=classes,
+        class_weight=f.class_weight if class_weight is None else class_weight,
     )
     fit_s = time.perf_counter() - t0
     gaps = np.diff(ends)
@@ -329,6 +335,13 @@ def main(argv: list[str] | None = None) -> None:
         "weights under other settings, e.g. --fit-frames",
     )
     ap.add_argument("--init-sha256", default=None, help="--init's SHA256 (checked before it is read)")
+    ap.add_argument(
+        "--class-weight",
+        type=float,
+        default=None,
+        help="the fits' loss weighted by class, p^-W for a class of pixel share p (default the preset's "
+        "vae.fit.class_weight, 0: the plain loss)",
+    )
     ap.add_argument(
         "--fast-ops",
         action=argparse.BooleanOptionalAction,
@@ -438,7 +451,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(0)  # the random VAE of the row below: the same one every run
         row("tiny VAE, random (no fit)", recon(build_vae(tiny=True), truth), truth, ids)
     linear = [int(k) for k in args.linear.split(",") if k.strip()]
-    train = train_clips(cfg) if fits or linear else []
+    class_weight = cfg.vae.fit.class_weight if args.class_weight is None else args.class_weight
+    train, train_ids = train_clips(cfg, classes=bool(fits and class_weight)) if fits or linear else ([], None)
     for k in linear:
         t1 = time.perf_counter()
         name = f"linear code, {k} numbers a latent (PCA of 16×16 px × 4 frames)"
@@ -462,6 +476,8 @@ def main(argv: list[str] | None = None) -> None:
             frames=args.fit_frames,
             warm=args.fit_warm,
             init=None if args.init is None else (args.init, args.init_sha256),
+            classes=train_ids,
+            class_weight=class_weight,
         )
         extra: dict[str, Any] = dict(timing)
         if args.save_dir is not None:
@@ -474,6 +490,7 @@ def main(argv: list[str] | None = None) -> None:
             stem += f"_f{args.fit_frames}" if args.fit_frames else ""
             stem += f"_w{args.fit_warm}" if args.fit_warm else ""
             stem += f"_init{args.init_sha256[:8]}" if args.init is not None else ""
+            stem += f"_cw{class_weight:g}" if class_weight else ""
             args.save_dir.mkdir(parents=True, exist_ok=True)
             extra["file"] = str(args.save_dir / f"{stem}.safetensors")
             extra["sha256"] = save_tiny_vae(vae, extra["file"])
@@ -487,6 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         name += f", {args.fit_frames}-frame windows" if args.fit_frames else ""
         name += f", {args.fit_warm} warm latent frames" if args.fit_warm else ""
         name += f", from {args.init.name}" if args.init is not None else ""
+        name += f", loss weighted by class (p^-{class_weight:g})" if class_weight else ""
         name += f" (continued from step {timing['resumed_from']})" if timing["resumed_from"] else ""
         row(name, recon(vae, truth), truth, ids, **extra)
         if i == 0:

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     except WeightsError as e:
         raise SystemExit(f"--vae: {e}") from None
     old = vae.mean.clone(), vae.std.clone()
-    clips = train_clips(cfg)
+    clips, _ = train_clips(cfg)
     renormalise_tiny_vae(vae, clips, cfg.vae.fit.norm_frames, args.device)
     digest = save_tiny_vae(vae, args.out)
     rec = {

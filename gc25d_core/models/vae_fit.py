@@ -113,21 +113,45 @@ def warm_slices(warm: int) -> tuple[slice, slice]:
     return slice(warm, None), slice(0 if warm == 0 else 4 * warm - 3, None)
 
 
-def _window(
+def _draw(
     clips: Sequence[torch.Tensor], frames: int, crop: int | None, rng: np.random.Generator
-) -> torch.Tensor:
-    """One random window of ``frames`` frames (a random ``crop``² square of them), cut where the
-    clips lie (uint8 ``[F, H, W, 3]`` tensors: on the fit's device, the window never crosses the
-    bus; a batch of 64 cut and converted on the host costs as much as a GPU step)."""
-    clip = clips[int(rng.integers(len(clips)))]
+) -> tuple[int, int, slice, slice]:
+    """Where one random window lies: (clip, first frame, rows, columns); a random ``crop``² square of
+    the frames, or all of them."""
+    i = int(rng.integers(len(clips)))
+    clip = clips[i]
     start = int(rng.integers(clip.shape[0] - frames + 1))
-    x = clip[start : start + frames]
-    if crop is not None:
-        h, w = x.shape[1:3]
-        ch, cw = min(crop, h), min(crop, w)
-        y0, x0 = int(rng.integers(h - ch + 1)), int(rng.integers(w - cw + 1))
-        x = x[:, y0 : y0 + ch, x0 : x0 + cw]
-    return frames_to_video(x)  # [3, T, H, W] in [-1, 1]
+    h, w = clip.shape[1:3]
+    if crop is None:
+        return i, start, slice(0, h), slice(0, w)
+    ch, cw = min(crop, h), min(crop, w)
+    y0, x0 = int(rng.integers(h - ch + 1)), int(rng.integers(w - cw + 1))
+    return i, start, slice(y0, y0 + ch), slice(x0, x0 + cw)
+
+
+def _cut(
+    tensors: Sequence[torch.Tensor], where: Sequence[tuple[int, int, slice, slice]], frames: int
+) -> list[torch.Tensor]:
+    """The windows ``_draw`` placed, cut where the tensors lie (on the fit's device, a window never
+    crosses the bus: a batch of 64 cut and converted on the host costs as much as a GPU step)."""
+    return [tensors[i][t : t + frames, ys, xs] for i, t, ys, xs in where]
+
+
+def class_loss_weights(classes: Sequence[np.ndarray], alpha: float) -> np.ndarray:
+    """The loss weight of each raw id (float32 [256]) for ``vae.fit.class_weight`` = ``alpha``: a
+    class seen in a fraction p of the pixels of ``classes`` weighs p^-alpha, scaled so that the mean
+    weight over those pixels is 1 (the plain loss's scale); ids absent weigh 1. A squared error
+    spends the code on the large flat regions (the ground alone is 59 % of the small world's
+    pixels) while the scene's reading, a mean over classes, counts the player's 1.6 % as much."""
+    counts = np.zeros(256, np.float64)
+    for c in classes:
+        counts += np.bincount(np.asarray(c, np.uint8).ravel(), minlength=256)
+    p = counts / max(counts.sum(), 1.0)
+    w = np.ones(256, np.float64)
+    seen = p > 0
+    w[seen] = p[seen] ** -alpha
+    w[seen] /= float((p[seen] * w[seen]).sum())
+    return w.astype(np.float32)
 
 
 def fit_tiny_vae(
@@ -155,6 +179,8 @@ def fit_tiny_vae(
     note: Callable[[str], None] | None = None,
     init: tuple[Path | str, str] | None = None,
     warm: int = 0,
+    classes: Sequence[np.ndarray] | None = None,
+    class_weight: float = 0.0,
 ) -> tuple[TinyWanVideoVAE38, dict[str, Any]]:
     """``clips``: uint8 ``[F, H, W, 3]`` arrays (F >= frames; frames = 1 + 4k). Returns the fitted
     VAE (eval, no grad, normalisation set) and a summary (first / last loss, steps). ``crop``: train
@@ -187,7 +213,24 @@ def fit_tiny_vae(
     ``warm``: each window's first ``warm`` latent frames (``1 + 4 (warm - 1)`` image frames) are
     encoded and decoded without gradients and left out of the loss (``recon_warm``), so the fit trains
     the later frames on filled feature caches, the state most of a whole clip is coded in, for a
-    forward pass of the warm ones; ``frames`` counts them (``warm`` < ``1 + (frames - 1) / 4``)."""
+    forward pass of the warm ones; ``frames`` counts them (``warm`` < ``1 + (frames - 1) / 4``).
+
+    ``class_weight`` > 0 with ``classes`` (uint8 ``[F, H, W]`` per clip: each pixel's id, as
+    ``collapse_parts`` gives them): each pixel's squared error weighs ``class_loss_weights`` of its
+    id, so the rare classes (the player, the boss, the crates) get more of the code than their area;
+    the weights and the ids are part of the trajectory key."""
+    if class_weight < 0:
+        raise ValueError(f"class_weight = {class_weight}: 0 (off) or more")
+    if class_weight > 0:
+        if classes is None or len(classes) != len(clips):
+            raise ValueError("class_weight > 0 needs classes: one uint8 [F, H, W] array per clip")
+        for i, (c, x) in enumerate(zip(classes, clips, strict=True)):
+            if c.shape != x.shape[:3] or c.dtype != np.uint8:
+                raise ValueError(
+                    f"classes[{i}]: {c.dtype} {c.shape}, expected uint8 {tuple(x.shape[:3])} (clip {i}'s frames)"
+                )
+    else:
+        classes = None
     if (frames - 1) % 4 or not clips or min(c.shape[0] for c in clips) < frames:
         raise ValueError(f"need clips of at least {frames} frames and frames = 1 + 4k")
     latents = 1 + (frames - 1) // 4
@@ -212,7 +255,7 @@ def fit_tiny_vae(
         key = trajectory_key(
             clips, batch=batch, frames=frames, lr=lr, latent_l2=latent_l2, seed=seed, crop=crop,
             dim=dim, dec_dim=dec_dim, device=device, compile=compile, fast_ops=fast_ops, bf16=bf16,
-            init=None if init is None else init[1], warm=warm,
+            init=None if init is None else init[1], warm=warm, classes=classes, class_weight=class_weight,
         )  # fmt: skip
         saver = FitState(Path(state), key)
         try:
@@ -229,21 +272,33 @@ def fit_tiny_vae(
 
     latent_part, image_part = warm_slices(warm)
 
-    def loss_of(x: torch.Tensor) -> torch.Tensor:
+    on_device = [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in clips]
+    cls_on_device = (
+        [] if classes is None else [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in classes]
+    )
+    table = (
+        None if classes is None else torch.from_numpy(class_loss_weights(classes, class_weight)).to(device)
+    )
+
+    def loss_of(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             z, recon = recon_warm(model, x, scale, warm)
         z, recon = z[:, :, latent_part].float(), recon[:, :, image_part].float()  # float: a no-op unless bf16
-        return (recon - x[:, :, image_part]).pow(2).mean() + latent_l2 * z.pow(2).mean()
+        err = (recon - x[:, :, image_part]).pow(2)
+        if w is not None:  # [B, T, H, W] per pixel, over the colour channels
+            err = err * w[:, None, image_part]
+        return err.mean() + latent_l2 * z.pow(2).mean()
 
     step_loss = loss_of
     if compile:  # every window has one shape: one graph, compiled once
         mode = "reduce-overhead" if torch.device(device).type == "cuda" else None
         step_loss = torch.compile(loss_of, mode=mode, dynamic=False)
     t0 = saved_at = time.perf_counter()
-    on_device = [torch.from_numpy(np.ascontiguousarray(c)).to(device) for c in clips]
     for step in range(start, steps):
-        x = torch.stack([_window(on_device, frames, crop, rng) for _ in range(batch)])
-        fit_step(opt, step_loss(x), losses, log, step)
+        where = [_draw(on_device, frames, crop, rng) for _ in range(batch)]
+        x = torch.stack([frames_to_video(v) for v in _cut(on_device, where, frames)])
+        w = None if table is None else table[torch.stack(_cut(cls_on_device, where, frames)).long()]
+        fit_step(opt, step_loss(x, w), losses, log, step)
         loss_first = losses[0] if loss_first is None else loss_first
         now = time.perf_counter()
         if saver is not None and now - saved_at > state_every_s:
@@ -286,6 +341,8 @@ def trajectory_key(
     bf16: bool = False,
     init: str | None = None,
     warm: int = 0,
+    classes: Sequence[np.ndarray] | None = None,
+    class_weight: float = 0.0,
 ) -> str:
     """SHA256 of what decides a fit's weights step by step, the clips' bytes included, and of what
     sets their rounding (the device's kind, the compile, fast ops and bf16, a CPU fit's threads), so a
@@ -301,9 +358,10 @@ def trajectory_key(
         **({"bf16": True} if bf16 else {}),  # off, out of the key: the states written before keep theirs
         **({"init": init} if init else {}),
         **({"warm": warm} if warm else {}),
+        **({"class_weight": class_weight} if class_weight else {}),
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
-    for clip in clips:
+    for clip in [*clips, *(classes if class_weight and classes is not None else [])]:
         h.update(np.ascontiguousarray(clip).tobytes())
     return h.hexdigest()
 
@@ -527,10 +585,15 @@ def read_record(cfg: Gc25dConfig, path: Path | None = None) -> dict[str, Any] | 
     return rec
 
 
-def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.ndarray]) -> str:
+def inputs_key(
+    cfg: Gc25dConfig,
+    clip_ids: Sequence[str],
+    clips: Sequence[np.ndarray],
+    classes: Sequence[np.ndarray] | None = None,
+) -> str:
     """SHA256 of what the fit depends on: its settings (threads included: they set the reduction
-    order), the clips and their frames' bytes, so an unchanged rerun is recognised and any change
-    refits. Where the file goes is not an input."""
+    order), the clips and their frames' bytes (and their pixels' ids with ``vae.fit.class_weight``),
+    so an unchanged rerun is recognised and any change refits. Where the file goes is not an input."""
     h = hashlib.sha256()
     # the widths, the speed levers, warm and then joined the settings later: at their defaults (16 / 16,
     # off, 0, None) they stay out of the key, so the fits made before keep theirs and are not fitted again
@@ -538,11 +601,18 @@ def inputs_key(cfg: Gc25dConfig, clip_ids: Sequence[str], clips: Sequence[np.nda
     settings = cfg.vae.fit.model_dump(
         exclude={"file", "enabled", "state_every_s"}
         | ({"dim", "dec_dim"} if default_widths else set())
-        | {k for k in ("compile", "fast_ops", "bf16", "warm", "then") if not getattr(cfg.vae.fit, k)}
+        | {
+            k
+            for k in ("compile", "fast_ops", "bf16", "warm", "then", "class_weight")
+            if not getattr(cfg.vae.fit, k)
+        }
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
     h.update(json.dumps(head, sort_keys=True).encode())
-    for clip in clips:
+    weighted = cfg.vae.fit.class_weight > 0
+    if weighted and classes is None:
+        raise ValueError("vae.fit.class_weight > 0: the key needs the clips' pixel ids (classes)")
+    for clip in [*clips, *(classes if weighted and classes is not None else [])]:
         h.update(np.ascontiguousarray(clip).tobytes())
     return h.hexdigest()
 

@@ -34,9 +34,11 @@ from gc25d_core.models.vae_fit import (
     state_file,
     uses_fitted_vae,
 )
+from gc25d_core.preprocess.clips import build_cond
 from gc25d_core.preprocess.latents import load_clip_frames
 from gc25d_core.preprocess.tasks import RunCache
 from gc25d_core.report import Reporter
+from gc25d_core.vocab import collapse_parts
 
 
 def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
@@ -54,7 +56,8 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         raise ValueError(f"{cfg.paths.data_root}: the index has no train clips to fit the tiny VAE on")
     t0 = time.perf_counter()
     train_frames = [load_clip_frames(runs(r), r.start, cfg) for r in train]
-    key = inputs_key(cfg, [r.clip_id for r in train], train_frames)
+    classes = [collapse_parts(build_cond(runs(r), r.start, cfg)) for r in train] if fit.class_weight else None
+    key = inputs_key(cfg, [r.clip_id for r in train], train_frames, classes)
     path, rec = fit_file(cfg), read_record(cfg)
     if _up_to_date(rec, path, key):
         rep.log(f"tiny VAE {path} is up to date (same inputs, sha256 {rec['sha256'][:12]}…): kept")
@@ -62,12 +65,14 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
 
     torch.set_num_threads(fit.threads)  # fixed: the reduction order (and so the weights) stays the same
     crops = f", {fit.crop}² crops" if fit.crop else ""
+    crops += f", the loss weighted by class (p^-{fit.class_weight:g})" if fit.class_weight else ""
     phase2 = f"; then {_phase_text(fit.then)}" if fit.then else ""
     rep.log(f"fitting the tiny VAE on {len(train)} train clips: {_phase_text(fit)}{crops}{phase2}")
     common: dict[str, Any] = dict(
         seed=fit.seed, crop=fit.crop, norm_frames=fit.norm_frames, device=fit.device, dim=fit.dim,
         dec_dim=fit.dec_dim, compile=fit.compile, fast_ops=fit.fast_ops, bf16=fit.bf16,
         state_every_s=fit.state_every_s, note=lambda text: rep.log(f"tiny VAE: {text}"),
+        classes=classes, class_weight=fit.class_weight,
     )  # fmt: skip
     t_fit = time.perf_counter()
     first: dict[str, Any] | None = None
@@ -162,7 +167,7 @@ def _first_phase(
     alone = cfg.model_copy(
         update={"vae": cfg.vae.model_copy(update={"fit": fit.model_copy(update={"then": None})})}
     )
-    key = inputs_key(alone, clip_ids, clips)
+    key = inputs_key(alone, clip_ids, clips, common["classes"])
     rec = read_record(cfg, record)
     if _up_to_date(rec, weights, key):
         rep.log(f"tiny VAE, first phase: {weights} is up to date (sha256 {rec['sha256'][:12]}…): kept")

@@ -230,14 +230,14 @@ def test_windows_cut_where_the_clips_lie_equal_the_host_cut():
     """The fit cuts its windows from the clips as tensors on its device: the same draws give the
     same values as the host's cut of the uint8 arrays (so a CPU fit's weights are unchanged)."""
     from gc25d_core.models.vae import frames_to_video
-    from gc25d_core.models.vae_fit import _window
+    from gc25d_core.models.vae_fit import _cut, _draw
 
     clips = [np.random.default_rng(i).integers(0, 256, (13, 48, 80, 3), dtype=np.uint8) for i in range(3)]
     on_device = [torch.from_numpy(c) for c in clips]
     for crop in (None, 32, 64):
         got, want_rng = np.random.default_rng(7), np.random.default_rng(7)
         for _ in range(5):
-            x = _window(on_device, 9, crop, got)
+            (x,) = [frames_to_video(v) for v in _cut(on_device, [_draw(on_device, 9, crop, got)], 9)]
             clip = clips[int(want_rng.integers(3))]
             start = int(want_rng.integers(clip.shape[0] - 9 + 1))
             w = clip[start : start + 9]
@@ -521,3 +521,70 @@ def test_a_warm_phase_is_checked_like_the_fit_and_in_the_key_only_when_set():
         load_config("tiny", {"vae": {"fit": {"then": {**then, "frames": 9, "warm": 3}}}})
     with pytest.raises(ConfigError, match=r"vae\.fit\.then.*frames = 40: must be 1 \+ 4k"):
         load_config("tiny", {"vae": {"fit": {"then": {**then, "frames": 40}}}})
+
+
+def test_class_loss_weights_balance_the_pixel_shares_at_a_mean_weight_of_one():
+    """p^-alpha for a class of pixel share p, scaled so the mean weight over the pixels is 1; ids
+    absent weigh 1; alpha 0 is the plain loss."""
+    from gc25d_core.models.vae_fit import class_loss_weights
+
+    classes = [np.array([[2, 2], [2, 10]], np.uint8), np.array([[2, 2], [2, 10]], np.uint8)]  # 3 : 1
+    w = class_loss_weights(classes, 0.5)
+    assert w.dtype == np.float32 and w.shape == (256,)
+    scale = 0.75 * 0.75**-0.5 + 0.25 * 0.25**-0.5
+    assert w[2] == pytest.approx(0.75**-0.5 / scale, rel=1e-6) and w[10] == pytest.approx(2 / scale, rel=1e-6)
+    assert w[10] / w[2] == pytest.approx(3**0.5, rel=1e-6)
+    assert 0.75 * w[2] + 0.25 * w[10] == pytest.approx(1.0, rel=1e-6)
+    assert w[0] == w[255] == 1.0
+    assert np.all(class_loss_weights(classes, 0.0) == 1.0)
+
+
+def test_a_class_weighted_fit_weighs_each_pixel_by_its_class_and_is_its_own_fit():
+    """``class_weight``: the first loss is the pixels' squared error, each weighed by its class (one
+    5-frame clip, so the window is the clip); off, the ids change nothing; on, they and the weight are in
+    both keys; ids that do not match the clips are named."""
+    from gc25d_core.models.vae import build_vae, frames_to_video
+    from gc25d_core.models.vae_fit import class_loss_weights, inputs_key, recon_warm, trajectory_key
+
+    clips = _clips(n=1, frames=5)
+    ids = np.full(clips[0].shape[:3], 2, np.uint8)
+    ids[:, 8:20] = 10  # the moving square's rows
+    fit = dict(steps=1, batch=1, frames=5, dim=8, dec_dim=8, seed=0)
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True, dim=8, dec_dim=8)
+    x = frames_to_video(clips[0])[None]
+    with torch.no_grad():
+        _, recon = recon_warm(vae.model, x, vae.scale, 0)
+    err = (recon - x).pow(2)  # [1, 3, T, H, W]
+    w = torch.from_numpy(class_loss_weights([ids], 1.0)[ids.astype(np.int64)])  # [T, H, W]
+    weighted = float((err * w[None, None]).mean())
+    plain = float(err.mean())
+    assert fit_tiny_vae(clips, classes=[ids], class_weight=1.0, **fit)[1]["loss_first"] == pytest.approx(
+        weighted, rel=1e-6
+    )
+    assert fit_tiny_vae(clips, classes=[ids], class_weight=0.0, **fit)[1]["loss_first"] == pytest.approx(
+        plain, rel=1e-6
+    )
+    assert weighted != pytest.approx(plain, rel=1e-3)
+
+    tk = dict(batch=1, frames=5, lr=5e-4, latent_l2=0.0, seed=0, crop=None, dim=8, dec_dim=8, device="cpu")
+    other = np.where(ids == 10, 4, ids).astype(np.uint8)
+    keys = {
+        (cw, i): trajectory_key(clips, compile=False, fast_ops=False, classes=[c], class_weight=cw, **tk)
+        for cw in (0.0, 0.5)
+        for i, c in enumerate((ids, other))
+    }
+    assert keys[0.0, 0] == keys[0.0, 1] == trajectory_key(clips, compile=False, fast_ops=False, **tk)
+    assert len({keys[0.0, 0], keys[0.5, 0], keys[0.5, 1]}) == 3
+    base, weighted_cfg = load_config("tiny"), load_config("tiny", {"vae": {"fit": {"class_weight": 0.5}}})
+    assert inputs_key(base, ["a"], clips) == inputs_key(base, ["a"], clips, [ids])
+    assert inputs_key(weighted_cfg, ["a"], clips, [ids]) not in (
+        inputs_key(base, ["a"], clips),
+        inputs_key(weighted_cfg, ["a"], clips, [other]),
+    )
+    with pytest.raises(ValueError, match="needs the clips' pixel ids"):
+        inputs_key(weighted_cfg, ["a"], clips)
+    with pytest.raises(ValueError, match=r"classes\[0\]: uint8 \(5, 32, 32\), expected uint8 \(5, 32, 64\)"):
+        fit_tiny_vae(clips, classes=[ids[:, :, :32]], class_weight=0.5, **fit)
+    with pytest.raises(ValueError, match="class_weight > 0 needs classes"):
+        fit_tiny_vae(clips, class_weight=0.5, **fit)
