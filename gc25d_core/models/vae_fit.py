@@ -224,10 +224,10 @@ def fit_tiny_vae(
     if class_weight > 0:
         if classes is None or len(classes) != len(clips):
             raise ValueError("class_weight > 0 needs classes: one uint8 [F, H, W] array per clip")
-        for i, (c, x) in enumerate(zip(classes, clips, strict=True)):
-            if c.shape != x.shape[:3] or c.dtype != np.uint8:
+        for i, (c, clip) in enumerate(zip(classes, clips, strict=True)):
+            if c.shape != clip.shape[:3] or c.dtype != np.uint8:
                 raise ValueError(
-                    f"classes[{i}]: {c.dtype} {c.shape}, expected uint8 {tuple(x.shape[:3])} (clip {i}'s frames)"
+                    f"classes[{i}]: {c.dtype} {c.shape}, expected uint8 {tuple(clip.shape[:3])} (clip {i}'s frames)"
                 )
     else:
         classes = None
