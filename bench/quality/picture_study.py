@@ -78,16 +78,15 @@ def train_clips(cfg: Any, classes: bool = False) -> tuple[list[np.ndarray], list
     """The train split's clips as the tiny_vae job reads them (81 frames each) and, with ``classes``,
     their pixels' ids as its class-weighted loss takes them."""
     from gc25d_core.index import split_of_runs
-    from gc25d_core.preprocess.clips import build_cond
     from gc25d_core.preprocess.latents import load_clip_frames
+    from gc25d_core.preprocess.tiny_vae import loss_classes
     from gc25d_core.raw_layout import RawSource
-    from gc25d_core.vocab import collapse_parts
 
     raw = RawSource(Path(cfg.raw.root))
     splits = split_of_runs([r.run for r in raw.runs()], cfg.index)
     runs = [(raw.run(c.subset, c.scene, c.run), c.start) for c in raw.clips if splits[c.run] == "train"]
     frames = [load_clip_frames(run, start, cfg) for run, start in runs]
-    return frames, [collapse_parts(build_cond(run, start, cfg)) for run, start in runs] if classes else None
+    return frames, [loss_classes(run, start, cfg) for run, start in runs] if classes else None
 
 
 def recon(vae: Any, clips: list[np.ndarray], latent_mse: float = 0.0, seed: int = 0) -> list[np.ndarray]:

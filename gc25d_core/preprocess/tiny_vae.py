@@ -37,6 +37,7 @@ from gc25d_core.models.vae_fit import (
 from gc25d_core.preprocess.clips import build_cond
 from gc25d_core.preprocess.latents import load_clip_frames
 from gc25d_core.preprocess.tasks import RunCache
+from gc25d_core.raw_layout import RunDir
 from gc25d_core.report import Reporter
 from gc25d_core.vocab import collapse_parts
 
@@ -56,7 +57,7 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         raise ValueError(f"{cfg.paths.data_root}: the index has no train clips to fit the tiny VAE on")
     t0 = time.perf_counter()
     train_frames = [load_clip_frames(runs(r), r.start, cfg) for r in train]
-    classes = [collapse_parts(build_cond(runs(r), r.start, cfg)) for r in train] if fit.class_weight else None
+    classes = [loss_classes(runs(r), r.start, cfg) for r in train] if fit.class_weight else None
     key = inputs_key(cfg, [r.clip_id for r in train], train_frames, classes)
     path, rec = fit_file(cfg), read_record(cfg)
     if _up_to_date(rec, path, key):
@@ -117,6 +118,12 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
     atomic_write_text(record_file(cfg), json.dumps(rec, indent=1))
     rep.log(f"tiny VAE written to {path} (sha256 {digest[:12]}…), held-out recon MSE {held_mse:.4f}")
     return {**rec, "used": True, "skipped": False}
+
+
+def loss_classes(run: RunDir, start: int, cfg: Gc25dConfig) -> np.ndarray:
+    """A clip's pixel ids as the class-weighted fit weighs them (``vae.fit.class_weight``): the
+    cond canvases' ids with the player's and the boss's parts collapsed (uint8 [F, H, W])."""
+    return collapse_parts(build_cond(run, start, cfg))
 
 
 def _up_to_date(rec: dict[str, Any] | None, weights: Path, key: str) -> TypeGuard[dict[str, Any]]:

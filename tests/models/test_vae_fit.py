@@ -15,6 +15,20 @@ from gc25d_core.models.vae import encode_frames
 from gc25d_core.models.vae_fit import fit_tiny_vae, load_tiny_vae, save_tiny_vae
 
 
+def _first_recon(clip: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the clip as the fit's input, its decode(encode())) by the 8-wide VAE a fit with seed 0 starts
+    from: what its first loss is computed on."""
+    from gc25d_core.models.vae import build_vae, frames_to_video
+    from gc25d_core.models.vae_fit import recon_warm
+
+    torch.manual_seed(0)
+    vae = build_vae(tiny=True, dim=8, dec_dim=8)
+    x = frames_to_video(clip)[None]
+    with torch.no_grad():
+        _, recon = recon_warm(vae.model, x, vae.scale, 0)
+    return x, recon
+
+
 def _clips(n: int = 2, frames: int = 9) -> list[np.ndarray]:
     """Colour fields with a moving square: [frames, 32, 64, 3] uint8."""
     rng = np.random.default_rng(0)
@@ -470,17 +484,12 @@ def test_a_warm_fit_scores_only_the_frames_after_the_warm_ones_and_is_its_own_fi
     """``warm``: the fit's loss is the later frames' error, their frames decoded after the warm ones
     (one 5-frame clip, so the window is the clip); warm is in both keys when on, a window must keep a
     latent frame to score, and the config refuses a warm as long as the window."""
-    from gc25d_core.models.vae import build_vae, frames_to_video
-    from gc25d_core.models.vae_fit import inputs_key, recon_warm, trajectory_key
+    from gc25d_core.models.vae_fit import inputs_key, trajectory_key
     from gc25d_core.schema import ConfigError
 
     clips = _clips(n=1, frames=5)
     fit = dict(steps=1, batch=1, frames=5, dim=8, dec_dim=8, seed=0)
-    torch.manual_seed(0)
-    vae = build_vae(tiny=True, dim=8, dec_dim=8)
-    x = frames_to_video(clips[0])[None]
-    with torch.no_grad():
-        _, recon = recon_warm(vae.model, x, vae.scale, 0)
+    x, recon = _first_recon(clips[0])
     later = float((recon[:, :, 1:] - x[:, :, 1:]).pow(2).mean())
     whole = float((recon - x).pow(2).mean())
     assert fit_tiny_vae(clips, warm=1, **fit)[1]["loss_first"] == pytest.approx(later, rel=1e-6)
@@ -543,18 +552,13 @@ def test_a_class_weighted_fit_weighs_each_pixel_by_its_class_and_is_its_own_fit(
     """``class_weight``: the first loss is the pixels' squared error, each weighed by its class (one
     5-frame clip, so the window is the clip); off, the ids change nothing; on, they and the weight are in
     both keys; ids that do not match the clips are named."""
-    from gc25d_core.models.vae import build_vae, frames_to_video
-    from gc25d_core.models.vae_fit import class_loss_weights, inputs_key, recon_warm, trajectory_key
+    from gc25d_core.models.vae_fit import class_loss_weights, inputs_key, trajectory_key
 
     clips = _clips(n=1, frames=5)
     ids = np.full(clips[0].shape[:3], 2, np.uint8)
     ids[:, 8:20] = 10  # the moving square's rows
     fit = dict(steps=1, batch=1, frames=5, dim=8, dec_dim=8, seed=0)
-    torch.manual_seed(0)
-    vae = build_vae(tiny=True, dim=8, dec_dim=8)
-    x = frames_to_video(clips[0])[None]
-    with torch.no_grad():
-        _, recon = recon_warm(vae.model, x, vae.scale, 0)
+    x, recon = _first_recon(clips[0])
     err = (recon - x).pow(2)  # [1, 3, T, H, W]
     w = torch.from_numpy(class_loss_weights([ids], 1.0)[ids.astype(np.int64)])  # [T, H, W]
     weighted = float((err * w[None, None]).mean())
