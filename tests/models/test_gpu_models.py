@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -281,3 +283,38 @@ def test_cuda_tiny_vae_fit_fast_ops_and_a_continued_fit_match_the_plain_fit(tmp_
     for other in (fits[True], continued):
         for name, b in other.model.named_parameters():
             torch.testing.assert_close(b, plain[name], rtol=0, atol=bound, msg=name)
+
+
+def test_cuda_class_weighted_tiny_vae_fit_matches_the_cpu_fit():
+    """``vae.fit.class_weight`` on CUDA (the `small` preset's setting): the windows' ids are cut on the
+    device beside their frames, so the weighted losses equal the CPU fit's within float rounding (with
+    fast ops and bf16, within bfloat16's), and differ from the plain loss's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import numpy as np
+
+    from gc25d_core.models.vae_fit import fit_tiny_vae
+
+    rng = np.random.default_rng(0)
+    clips = [rng.integers(0, 256, (9, 64, 64, 3), dtype=np.uint8) for _ in range(2)]
+    ids = []
+    for clip in clips:
+        c = np.full((9, 64, 64), 2, np.uint8)  # a ground of one class and a small square of another
+        c[:, 20:28, 30:38] = 10
+        ids.append(c)
+        clip[:, 20:28, 30:38] = 255  # a white square, so that its error is not the ground's
+    kw = {"steps": 3, "batch": 2, "frames": 5, "seed": 0, "dim": 8, "dec_dim": 8}
+    losses: dict[str, list[float]] = {}
+
+    def fit(name: str, **extra: Any) -> None:
+        losses[name] = []
+        fit_tiny_vae(clips, log=lambda s, v: losses[name].append(v), **kw, **extra)
+
+    weighted = {"classes": ids, "class_weight": 0.5}
+    fit("cpu", device="cpu", **weighted)
+    fit("cuda", device="cuda", **weighted)
+    fit("cuda fast bf16", device="cuda", fast_ops=True, bf16=True, **weighted)
+    fit("cuda plain", device="cuda")
+    np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-3)
+    np.testing.assert_allclose(losses["cuda fast bf16"], losses["cpu"], rtol=2e-2)
+    assert abs(losses["cuda plain"][0] - losses["cuda"][0]) > 1e-2 * losses["cuda"][0]
