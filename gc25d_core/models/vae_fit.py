@@ -324,6 +324,14 @@ class FitStateError(ValueError):
     """A state file that cannot be continued (another trajectory, further than asked, bad bytes)."""
 
 
+def _digest(head: dict[str, Any], arrays: Sequence[np.ndarray]) -> str:
+    """SHA256 of ``head`` as sorted JSON, then of each array's bytes in turn (the fit's keys)."""
+    h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def trajectory_key(
     clips: Sequence[np.ndarray],
     *,
@@ -348,7 +356,6 @@ def trajectory_key(
     sets their rounding (the device's kind, the compile, fast ops and bf16, a CPU fit's threads), so a
     continued fit is the fit run in one go (bit for bit on the CPU). ``steps`` is not in it: a
     longer fit continues a shorter one."""
-    h = hashlib.sha256()
     kind = torch.device(device).type
     head = {
         "format": STATE_FORMAT, "version": FIT_VERSION, "batch": batch, "frames": frames, "lr": lr,
@@ -360,10 +367,7 @@ def trajectory_key(
         **({"warm": warm} if warm else {}),
         **({"class_weight": class_weight} if class_weight else {}),
     }  # fmt: skip
-    h.update(json.dumps(head, sort_keys=True).encode())
-    for clip in [*clips, *(classes if class_weight and classes is not None else [])]:
-        h.update(np.ascontiguousarray(clip).tobytes())
-    return h.hexdigest()
+    return _digest(head, [*clips, *(classes if class_weight and classes is not None else [])])
 
 
 class FitState:
@@ -594,7 +598,6 @@ def inputs_key(
     """SHA256 of what the fit depends on: its settings (threads included: they set the reduction
     order), the clips and their frames' bytes (and their pixels' ids with ``vae.fit.class_weight``),
     so an unchanged rerun is recognised and any change refits. Where the file goes is not an input."""
-    h = hashlib.sha256()
     # the widths, the speed levers, warm and then joined the settings later: at their defaults (16 / 16,
     # off, 0, None) they stay out of the key, so the fits made before keep theirs and are not fitted again
     default_widths = (cfg.vae.fit.dim, cfg.vae.fit.dec_dim) == (16, 16)
@@ -608,13 +611,10 @@ def inputs_key(
         }
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
-    h.update(json.dumps(head, sort_keys=True).encode())
     weighted = cfg.vae.fit.class_weight > 0
     if weighted and classes is None:
         raise ValueError("vae.fit.class_weight > 0: the key needs the clips' pixel ids (classes)")
-    for clip in [*clips, *(classes if weighted and classes is not None else [])]:
-        h.update(np.ascontiguousarray(clip).tobytes())
-    return h.hexdigest()
+    return _digest(head, [*clips, *(classes if weighted and classes is not None else [])])
 
 
 def uses_fitted_vae(cfg: Gc25dConfig) -> bool:
