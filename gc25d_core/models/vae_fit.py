@@ -611,10 +611,12 @@ def inputs_key(
         }
     )
     head = {"format": FIT_FORMAT, "version": FIT_VERSION, "fit": settings, "clips": list(clip_ids)}
-    weighted = cfg.vae.fit.class_weight > 0
-    if weighted and classes is None:
-        raise ValueError("vae.fit.class_weight > 0: the key needs the clips' pixel ids (classes)")
-    return _digest(head, [*clips, *(classes if weighted and classes is not None else [])])
+    ids: Sequence[np.ndarray] = []
+    if cfg.vae.fit.class_weight > 0:
+        if classes is None:
+            raise ValueError("vae.fit.class_weight > 0: the key needs the clips' pixel ids (classes)")
+        ids = classes
+    return _digest(head, [*clips, *ids])
 
 
 def uses_fitted_vae(cfg: Gc25dConfig) -> bool:
