@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
 
+    from gc25d_core.eval.live import default_live_ceiling
     from gc25d_core.eval.spec import EvalConfig
     from gc25d_core.handoff import read_handoff
     from gc25d_core.stages import STAGES
@@ -176,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"phase": "pick", "teacher": str(handoffs["sft"])}), flush=True)
 
     chosen = (SMOKE_EVAL if args.smoke else EVAL) if args.eval is None else json.loads(args.eval)
-    ecfg = EvalConfig(**{"teacher_window": cfg.timeline.num_cells, **chosen})
+    ecfg = EvalConfig(
+        **{"teacher_window": cfg.timeline.num_cells, "live_ceiling": default_live_ceiling(cfg), **chosen}
+    )
     wanted = None if args.eval_labels is None else args.eval_labels.split(",")
     early: EarlyEval | None = None
     for stage in STAGES[1:]:

@@ -81,6 +81,12 @@ def default_live_sweeps(cfg: Gc25dConfig) -> list[str]:
     return ["live240"] if cfg.device == "cpu" else ["live2400"]
 
 
+def default_live_ceiling(cfg: Gc25dConfig) -> bool:
+    """The truth through the VAE beside the exports on the GPU presets, where one more decode of a
+    session costs seconds; the embedded default leaves it out of `make run`'s CPU budget."""
+    return cfg.device != "cpu"
+
+
 def live_sweep(name: str, cells: int | None = None) -> LiveSweep:
     """A sweep by name; ``cells`` shortens it (tests), keeping its segments' length where it fits."""
     if name not in LIVE_SWEEPS:
@@ -220,6 +226,15 @@ def truth_latents(vae: Any, frames: np.ndarray) -> torch.Tensor:
     from gc25d_core.models.vae import encode_frames
 
     return encode_frames(vae, frames).cpu()
+
+
+def ceiling_psnr(session: Any, truth_latent: torch.Tensor, frames: np.ndarray, cap: float) -> list[float]:
+    """PSNR per frame of the truth's encode decoded by ``session``'s runtime, the decode its rollouts
+    take: the picture of a model whose latents were the truth's, the most this VAE lets a session show."""
+    from gc25d_core.eval.metrics import psnr_per_frame
+
+    decoded = session.runtime.decode_rows([truth_latent.float()])[0]
+    return psnr_per_frame(decoded, frames[: decoded.shape[0]], cap)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -168,11 +168,13 @@ def run_live(
     cap: float,
     log: Callable[[str], None],
     keep: Callable[[tuple[str, str], dict[str, Any]], None] | None = None,
+    ceiling: bool = False,
 ) -> dict[tuple[str, str], dict[str, Any]] | None:
     """The rows of ``pending`` (export, sweep) on rank 0 ({"sampler", "sweep", "strip"}), else None.
     Each row goes to ``keep`` once, as soon as it exists: on a single rank when its rollouts are
     scored, so that a job stopped part way (a device call's end) keeps the rows it finished; with
-    several ranks on rank 0 once it has gathered every rank's rollouts."""
+    several ranks on rank 0 once it has gathered every rank's rollouts. ``ceiling``: each own
+    rollout's row also scores the truth through the VAE (``EvalConfig.live_ceiling``)."""
     rank, world = global_rank(), world_size()
     sweeps = {s.name: s for _, s in pending}
     exports = {e.label: e for e, _ in pending}
@@ -183,6 +185,7 @@ def run_live(
     truth_of = Truths(backend, plays, {name for _, name, kinds in mine if "changed" in kinds}, run_dir, log)
     metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
     latents: dict[str, Any] = {}  # per sweep, for every export this rank plays: the truth's encode
+    ceilings: dict[str, list[float]] = {}  # per sweep: the PSNR per frame of that encode decoded
     done: dict[tuple[str, str, str], dict[str, Any]] = {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}  # single rank: each row as it is finished
     session, loaded = None, None
@@ -212,6 +215,14 @@ def run_live(
                     latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy
                     log(f"{name}: the truth's VAE encode in {time.perf_counter() - t1:.1f} s")
                 extra["truth_latent"] = latents[name]
+                if ceiling and name not in ceilings:
+                    t1 = time.perf_counter()
+                    ceilings[name] = L.ceiling_psnr(session, latents[name], truth.frames, cap)
+                    log(
+                        f"{name}: the truth through the VAE decoded and scored in {time.perf_counter() - t1:.1f} s"
+                    )
+                if ceiling:
+                    extra["ceiling_psnr"] = ceilings[name]
                 extra["frame_metrics"] = metrics
             if kind == "changed":
                 extra["changed_truth"] = truth_of.changed[name]

@@ -67,9 +67,11 @@ def score_rollout(
     changed_truth: np.ndarray | None = None,
     cap: float = M.PSNR_CAP_DB,
     frame_metrics: dict[str, FrameMetric] | None = None,
+    ceiling_psnr: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Per-frame numbers of one rollout against its truth (own, other: the own truth; changed: both
-    the own truth and ``changed_truth``, the truth of the changed script)."""
+    the own truth and ``changed_truth``, the truth of the changed script). ``ceiling_psnr``: the
+    truth through the VAE, per frame (``live.ceiling_psnr``), kept with the own rollout's."""
     f = played.frames
     n = f.shape[0]
     # the model's output per cell: the action probe's causality check (the decode is a fixed
@@ -90,6 +92,8 @@ def score_rollout(
         out["psnr_own_truth"] = M.nan_mean(out["psnr"][post])
         return out
     out["ssim"] = M.ssim_per_frame(f, gt)
+    if ceiling_psnr is not None:
+        out["psnr_ceiling"] = list(ceiling_psnr[:n])
     out["post_frames"] = f[post]
     if truth_latent is not None:
         z = played.latents
@@ -134,6 +138,8 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
             "gt_flicker_ratio": _flicker_ratio(own["gt_diffs"], cells),
         }
         seg["delta_psnr"] = seg["psnr"] - seg["psnr_other"]
+        if "psnr_ceiling" in own:
+            seg["psnr_ceiling"] = _seg(own["psnr_ceiling"], cells)
         for name, vals in own.get("frame_metrics", {}).items():
             seg.setdefault("frame_metrics", {})[name] = _seg(vals, cells)
         segments.append(seg)
@@ -163,6 +169,13 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
     revisit["consistency_db"] = revisit["psnr"] - revisit["psnr_first_visit"]
     psnr_cell = [M.nan_mean(own["psnr"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)]
     other_cell = [M.nan_mean(other["psnr"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)]
+    curves = {"psnr": psnr_cell, "psnr_other": other_cell, "latent_mse": [math.nan, *(lat or [])]}
+    out: dict[str, Any] = {}
+    if "psnr_ceiling" in own:  # the truth through the VAE: where its segments are harder to draw
+        curves["psnr_ceiling"] = [
+            M.nan_mean(own["psnr_ceiling"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)
+        ]
+        out["ceiling_drift_slope_db_per_min"] = M.slope_per(minutes, [s["psnr_ceiling"] for s in segments])
     return {
         "sweep": sweep.definition(),
         "segments": segments,
@@ -172,5 +185,6 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
         "delta_psnr_min": min(s["delta_psnr"] for s in segments),
         "action": action,
         "revisit": revisit,
-        "curves": {"psnr": psnr_cell, "psnr_other": other_cell, "latent_mse": [math.nan, *(lat or [])]},
+        "curves": curves,
+        **out,
     }

@@ -160,7 +160,12 @@ ids; the truth is the same script through the code world's RGB renderer.
 - **revisit**: PSNR at cells whose camera returns to a view of ≥ 10 s before, minus the PSNR at
   that first visit (0: remembered as well as first drawn).
 - **flicker**: boundary / within-cell frame differences (the truth's own beside it).
+- **the truth through the VAE** (where measured, `live_ceiling`): the truth encoded and decoded as
+  the sessions' frames are, scored the same way: what a model with perfect latents would show. A
+  segment where it falls too is harder for the VAE to draw, not a model's drift.
 """
+
+CEILING_LABEL = "the truth through the VAE"
 
 
 def live_table(results: Sequence[dict[str, Any]], sweep: str) -> str:
@@ -189,6 +194,14 @@ def live_table(results: Sequence[dict[str, Any]], sweep: str) -> str:
         cells += [_fmt(a["sensitivity"]), _fmt(a["follows_change_db"]), _fmt(x["revisit"]["consistency_db"])]
         cells += [_fmt(mean("flicker_ratio"))]
         lines.append("| " + " | ".join(cells) + " |")
+    # one truth and one VAE for every export: the first row's ceiling is every row's
+    ceiling = next(
+        (r["sweeps"][sweep] for r in rows if "ceiling_drift_slope_db_per_min" in r["sweeps"][sweep]), None
+    )
+    if ceiling is not None:
+        cells = [CEILING_LABEL, "–", *(_fmt(s["psnr_ceiling"]) for s in ceiling["segments"])]
+        cells += [_fmt(ceiling["ceiling_drift_slope_db_per_min"])] + ["–"] * (len(headers) - len(segs) - 3)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -198,22 +211,28 @@ def live_plots(results: Sequence[dict[str, Any]], sweep: str) -> dict[str, bytes
     out: dict[str, bytes] = {}
     per_seg: dict[str, list[float | None]] = {}
     xs: dict[str, list[float]] = {}
+    ceiling: tuple[list[float | None], list[float]] | None = None  # one truth, one VAE: any row's
     for r in results:
         if sweep not in r["sweeps"]:
             continue
         label, x = r["export"]["label"], r["sweeps"][sweep]
         curves = x["curves"]
         secs = [c / 4 for c in range(len(curves["psnr"]))]
-        smooth = {k: _smooth(curves[k], 4) for k in ("psnr", "psnr_other")}
+        names = {"own ids": "psnr", "other ids": "psnr_other", CEILING_LABEL: "psnr_ceiling"}
+        smooth = {name: _smooth(curves[k], 4) for name, k in names.items() if k in curves}
         out[f"{label}/{sweep}_drift.png"] = line_plot_png(
-            {"own ids": smooth["psnr"], "other ids": smooth["psnr_other"]},
+            smooth,
             f"{label} {sweep}: PSNR vs truth (1 s mean), drift {_fmt(x['drift_slope_db_per_min'])} dB/min",
             "PSNR (dB)",
-            x={"own ids": secs, "other ids": secs},
+            x={name: secs for name in smooth},
             xlabel="s",
         )
         per_seg[label] = [s["psnr"] for s in x["segments"]]
         xs[label] = [(s["t0_s"] + s["t1_s"]) / 2 for s in x["segments"]]
+        if "psnr_ceiling" in x["segments"][0]:
+            ceiling = ([s["psnr_ceiling"] for s in x["segments"]], xs[label])
+    if per_seg and ceiling is not None:
+        per_seg[CEILING_LABEL], xs[CEILING_LABEL] = ceiling
     if per_seg:
         out[f"{sweep}_psnr.png"] = line_plot_png(
             per_seg, f"{sweep}: PSNR vs truth per segment", "PSNR (dB)", x=xs, xlabel="s"

@@ -113,7 +113,8 @@ def clip_sweep_doc(sweep: str, spec: EvalInput, cases: list[Case]) -> dict[str, 
 
 
 def live_sweep_doc(sweep: LiveSweep, spec: EvalInput, world: dict[str, Any]) -> dict[str, Any]:
-    return {"live": sweep.definition(), "world": world, "psnr_cap_db": spec.eval.psnr_cap_db}
+    doc = {"live": sweep.definition(), "world": world, "psnr_cap_db": spec.eval.psnr_cap_db}
+    return doc | ({"ceiling": True} if spec.eval.live_ceiling else {})  # a row with it is another row
 
 
 def _at_rank0(obj: Any) -> list[Any] | None:
@@ -239,6 +240,7 @@ def run_eval(
             ecfg.psnr_cap_db,
             rep.log,
             keep=lambda k, row: store.put(keys[k], row),  # each row stored as soon as it exists
+            ceiling=ecfg.live_ceiling,
         )
         for e, ls in pending:
             computed[ls.name] += len(KINDS)

@@ -45,6 +45,11 @@ class EvalConfig(Strict):
     live_cells: int | None = Field(
         default=None, ge=2, description="shorten the live sweeps to this many cells (tests)"
     )
+    live_ceiling: bool = Field(
+        default=False,
+        description="score the truth through the VAE beside the exports (the session's frames had its "
+        "latents been perfect): one more decode of each live session on each rank that scores one",
+    )
 
     @field_validator("live_sweeps")
     @classmethod

@@ -63,6 +63,34 @@ def test_long_videos_score_in_chunks_and_threads_with_the_whole_videos_values():
     assert M.ssim_per_frame(a, b, threads=4) == [M.ssim(x, y) for x, y in zip(a, b, strict=True)]
 
 
+def test_the_ceiling_row_shows_where_the_truth_itself_is_harder_to_draw():
+    """A session whose truth through the VAE falls from 30 to 20 dB at its second segment while the
+    export holds 18 dB: the ceiling's segments, its drift (−10 dB in 1 s: −600 dB/min) and its
+    table row and curves say so, apart from the export's flat drift."""
+    from gc25d_core.eval.live_score import assemble_live
+    from gc25d_core.eval.report import CEILING_LABEL, live_plots, live_table
+
+    sweep = L.LiveSweep("live8", cells=8, segment_cells=4, change_cell=2, after_cells=2, revisit_gap=4)
+    n = M.num_frames(9)
+    frame = np.zeros((2, 4, 4, 3), np.uint8)
+    ceiling = [30.0] * M.cell_frames(4).stop + [20.0] * (n - M.cell_frames(4).stop)
+    own = {"psnr": [18.0] * n, "ssim": [0.5] * n, "diffs": [0.1] * (n - 1), "gt_diffs": [0.1] * (n - 1)}
+    own |= {"digests": ["a"] * 8, "post_frames": frame, "psnr_ceiling": ceiling}
+    changed = {"digests": ["a"] * 8, "post_frames": frame, "truth_change": 0.1}
+    changed |= {"psnr_changed_truth": 17.0, "psnr_own_truth": 16.0}
+    truth = L.Truth(frames=np.zeros((n, 4, 4, 3), np.uint8), eye=np.zeros((9, 3)), yaw=np.arange(9.0))
+    row = assemble_live(sweep, {"own": own, "other": {"psnr": [15.0] * n}, "changed": changed}, truth)
+    assert [s["psnr_ceiling"] for s in row["segments"]] == [30.0, 20.0]
+    assert row["ceiling_drift_slope_db_per_min"] == pytest.approx(-600.0)
+    assert row["drift_slope_db_per_min"] == pytest.approx(0.0)
+    assert row["curves"]["psnr_ceiling"][1:] == [30.0] * 4 + [20.0] * 4
+    result = {"export": {"label": "stage1_tf", "step": 5}, "sweeps": {"live8": row}}
+    lines = live_table([result, result], "live8").splitlines()
+    assert lines[-1].startswith(f"| {CEILING_LABEL} | – | 30 | 20 | -600 | –") and len(lines) == 5
+    assert lines[-1].count("|") == lines[-2].count("|")
+    assert sorted(live_plots([result], "live8")) == ["live8_psnr.png", "stage1_tf/live8_drift.png"]
+
+
 def test_the_script_walks_fights_and_comes_back():
     a, b = L.session_script(0, 240), L.session_script(0, 240)
     assert len(a) == 240 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
@@ -203,6 +231,76 @@ def test_a_rerun_computes_nothing_and_a_changed_export_only_its_rows(world):
     assert third is not None and third.computed == {"live240": 3} and third.kept == ["stage1_tf/live240"]
     (run_dir / third.plots[0]).unlink()  # a report file gone: the job writes it again
     assert finished_eval(cfg, run_dir) is None
+
+
+def test_the_truth_through_the_vae_is_scored_beside_the_exports(world, tmp_path, capsys):
+    """``live_ceiling``: each segment also scores the truth's encode decoded as the sessions' frames
+    are (what perfect latents would show), one reading for every export, and the table gets its row;
+    the exports' own numbers do not move, and a row with it is not one without it.
+    bench/quality/live_ceiling reads the same from the VAE's file alone."""
+    import json
+
+    from bench.quality import live_ceiling
+    from gc25d_core.models.loading import WeightsError
+    from gc25d_core.models.vae import decode_frames
+    from gc25d_core.models.vae_fit import save_tiny_vae
+
+    root, cfg, backend, vae = world
+    (s1,) = exports_of_handoff("stage1_tf", random_teacher(cfg, root, seed=5, causal=True), root)
+    s2 = exports_of_handoff(
+        "stage2_cd", random_teacher(cfg, root, seed=6, causal=True, stage="stage2_cd"), root
+    )[0]
+    factory = lambda vae, device: DeployBackend(cfg, vae, device)  # noqa: E731
+
+    def evaluate(ceiling: bool) -> tuple[object, dict[str, dict], str]:
+        run_dir = tmp_path / f"ceiling_{ceiling}"
+        run_dir.mkdir()
+        ecfg = EvalConfig(
+            clip28_clips=0, chain241_chains=0, live_sweeps=["live240"], live_cells=CELLS, live_ceiling=ceiling
+        )
+        write_model(run_dir, INPUT_FILE, EvalInput(manifest_version=1, eval=ecfg, exports=[s1, s2]))
+        out = run_eval(cfg, run_dir, StdoutReporter(rank=0), factory)
+        rows = {
+            e.label: json.loads((run_dir / e.label / "metrics.json").read_text())["sweeps"]["live240"]
+            for e in (s1, s2)
+        }
+        return out, rows, (run_dir / "table.md").read_text()
+
+    _, plain, plain_table = evaluate(False)
+    out, rows, table = evaluate(True)
+    assert out is not None and out.computed == {"live240": 6}  # not the rows without it, kept
+    # the reference, apart from the eval's code: the whole truth encoded, decoded in one go
+    truth = L.render_truth(backend, L.session_script(0, CELLS))
+    want = M.psnr_per_frame(decode_frames(vae, L.truth_latents(vae, np.array(truth.frames))), truth.frames)
+    sweep = L.live_sweep("live240", CELLS)
+    for label in ("stage1_tf", "stage2_cd"):
+        got, before = rows[label]["segments"], plain[label]["segments"]
+        for (lo, hi), seg, old in zip(sweep.segments(), got, before, strict=True):
+            frames = slice(M.cell_frames(lo).start, M.cell_frames(hi).stop)
+            assert seg["psnr_ceiling"] == pytest.approx(float(np.mean(want[frames])), abs=0.05)
+            assert seg["psnr"] == old["psnr"] and "psnr_ceiling" not in old
+        # one segment in a short session: no slope, as for the exports
+        assert rows[label]["ceiling_drift_slope_db_per_min"] is rows[label]["drift_slope_db_per_min"] is None
+        assert len(rows[label]["curves"]["psnr_ceiling"]) == CELLS + 1
+    assert [s["psnr_ceiling"] for s in rows["stage1_tf"]["segments"]] == [
+        s["psnr_ceiling"] for s in rows["stage2_cd"]["segments"]
+    ]
+    (line,) = [x for x in table.splitlines() if x.startswith("| the truth through the VAE |")]
+    assert line.count("|") == table.splitlines()[-3].count("|")  # as many cells as an export's row
+    assert "the truth through the VAE" not in plain_table
+    assert [x for x in table.splitlines() if x.startswith("| stage")] == [
+        x for x in plain_table.splitlines() if x.startswith("| stage")
+    ]
+    path = tmp_path / "tiny_vae.safetensors"
+    digest = save_tiny_vae(vae, path)
+    with pytest.raises(WeightsError, match="--sha256"):
+        live_ceiling.main(["--vae", str(path), "--sha256", "0" * 64, "--cells", str(CELLS)])
+    capsys.readouterr()
+    live_ceiling.main(["--vae", str(path), "--sha256", digest, "--cells", str(CELLS)])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [s["psnr"] for s in printed["segments"]] == pytest.approx(
+        [s["psnr_ceiling"] for s in rows["stage1_tf"]["segments"]], abs=0.05
+    )
 
 
 def test_an_eval_stopped_part_way_keeps_the_rows_it_finished(world, tmp_path):

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import dagster as dg
 from pydantic import Field
 
-from gc25d_core.eval.live import default_live_sweeps
+from gc25d_core.eval.live import default_live_ceiling, default_live_sweeps
 from gc25d_core.eval.report import ReportFiles
 from gc25d_core.eval.spec import (
     INPUT_FILE,
@@ -76,6 +76,12 @@ class EvalRunConfig(dg.Config):
     )
     live_cells: int | None = Field(
         default=None, ge=2, description="shorten the live sessions to this many cells (a quick look, tests)"
+    )
+    live_ceiling: bool | None = Field(
+        default=None,
+        description="score the truth through the VAE beside the exports in the live sessions (what "
+        "perfect latents would show, per segment); default: on for a GPU preset, off for the "
+        "embedded default's CPU budget (one more decode of each session)",
     )
     raw_beside_ema: bool = Field(
         default=False,
@@ -136,6 +142,8 @@ def eval_asset(
     settings = config.model_dump(exclude={"raw_beside_ema"})  # the exports' choice, not the sweeps'
     if settings["live_sweeps"] is None:
         settings["live_sweeps"] = default_live_sweeps(cfg)
+    if settings["live_ceiling"] is None:
+        settings["live_ceiling"] = default_live_ceiling(cfg)
     ecfg = EvalConfig(**settings, teacher_window=cfg.timeline.num_cells)
     run_dir = project.run_dir(cfg, "eval", context)
     spec = EvalInput(manifest_version=version, eval=ecfg, exports=exports, not_evaluated=skipped)
