@@ -388,6 +388,27 @@ def test_cuda_eval_sessions_replay_graphs_with_the_eager_paths_results(world):
         assert np.array_equal(eager.ids, graphed.ids) and np.array_equal(eager.frames, graphed.frames)
 
 
+@pytest.mark.gpu
+def test_cuda_sessions_read_the_truth_through_the_vae_as_the_cpus_do(world):
+    """The ceiling a CUDA session decodes (its runtime's decoder, dtype and all) is the CPU session's
+    within 0.2 dB a frame: the GPU presets' rows compare with a reading made on a CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from gc25d_core.models.vae import build_vae_for
+
+    root, cfg, backend, vae = world
+    (export,) = exports_of_handoff("stage1_tf", random_teacher(cfg, root, seed=5, causal=True), root)
+    truth = L.render_truth(backend, L.session_script(0, CELLS))
+    z = L.truth_latents(vae, np.array(truth.frames))
+    cuda = DeployBackend(cfg, build_vae_for(cfg, torch.device("cuda")), torch.device("cuda"))
+    got = [
+        L.ceiling_psnr(b.session(export.path, export.sha256), z, truth.frames, M.PSNR_CAP_DB)
+        for b in (backend, cuda)
+    ]
+    assert len(got[0]) == len(truth.frames) and min(got[0]) > 0
+    assert np.abs(np.subtract(*got)).max() < 0.2
+
+
 def test_a_rank_gets_the_truth_once_every_rank_has_drawn_not_once_every_rank_asks(
     world, tmp_path, monkeypatch
 ):
