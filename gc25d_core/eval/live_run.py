@@ -5,14 +5,16 @@ task; the tasks go to the ranks longest first, each to the rank with the least w
 The truth of a sweep is drawn once per job, its frames shared among the ranks (each ray-casts the
 frames f ≡ rank mod world into one memory-mapped file of the run folder; a long session's in a
 process pool beside the sessions, see ``Truths``); a rank that needs the truth waits until every
-rank has drawn its share, not until every rank asks for it. The VAE encodes it on the ranks that
-score an own rollout. A rank loads an export once and plays its tasks of it in turn
+rank has drawn its share, not until every rank asks for it. The VAE encodes it once, on the
+least loaded rank that scores an own rollout, for the others (``Truths.share_encodes``; on a long
+truth drawn beside the sessions each such rank encodes it). A rank loads an export once and plays its tasks of it in turn
 (``LiveSession.start`` resets the world, the cache and the noise). Rank 0 gathers the scored
 rollouts (per-frame numbers, a few frames) and assembles each (export, sweep) row.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from gc25d_core.atomic import atomic_write_bytes
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.distributed import barrier, dist_active, global_rank, world_size
 from gc25d_core.eval import live as L
@@ -77,6 +81,7 @@ class Truths:
         self.rank, self.world = global_rank(), world_size()
         self.backend, self.plays, self.log = backend, plays, log
         self.paths = {n: run_dir / "live" / f"{n}_truth.npy" for n in sorted(plays)}
+        self.latent_paths = {n: run_dir / "live" / f"{n}_truth_latent.npy" for n in sorted(plays)}
         self.drawn_marks = [run_dir / "live" / f"truth_drawn.rank{r}" for r in range(self.world)]
         frame_shape = backend.rgb_frames(backend.states([]), 1)[0].shape
         shapes = {n: (1 + 4 * len(plays[n]["own"]), *frame_shape) for n in self.paths}
@@ -84,8 +89,8 @@ class Truths:
             for n, path in self.paths.items():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 open_memmap(path, mode="w+", dtype=np.uint8, shape=shapes[n]).flush()
-            for mark in self.drawn_marks:  # an earlier job's, in a run folder used again
-                mark.unlink(missing_ok=True)
+            for mark in [*self.drawn_marks, *self.latent_paths.values()]:  # an earlier job's, in a
+                mark.unlink(missing_ok=True)  # run folder used again
         barrier()  # the files exist and no rank's mark is an earlier job's
         self._out = {n: open_memmap(path, mode="r+") for n, path in self.paths.items()}
         self.workers = {n: L.truth_workers(shapes[n][0], self.world) for n in self.paths}
@@ -95,6 +100,8 @@ class Truths:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._done: dict[str, L.Truth] | None = None
+        self._latents: dict[str, Any] = {}
+        self.encoder: dict[str, int] = {}  # sweep -> the rank that encodes its truth for the others
         if any(w > 1 for w in self.workers.values()):
             self._thread = threading.Thread(target=self._draw_guarded, name="live-truth", daemon=True)
             self._thread.start()
@@ -141,6 +148,49 @@ class Truths:
         if time.perf_counter() - t0 > 1.0:
             self.log(f"waited {time.perf_counter() - t0:.1f} s for the other ranks' truth frames")
 
+    def share_encodes(self, vae: Any, plan: Sequence[Sequence[Task]], cost: Callable[[Task], int]) -> None:
+        """With several ranks and the truth drawn before the sessions: each sweep's truth is encoded
+        once, before its sessions, by the least loaded rank of those that score an own rollout of
+        it, and the others read that rank's file when they first score (on a CPU the encode of a
+        minute's truth is a quarter of a rank's live work; done once, off the busiest rank's path).
+        Otherwise (one rank, or a long truth drawn beside the sessions) each rank encodes when it
+        first scores. A collective-free agreement: every rank computes the same plan."""
+        if self.world == 1 or self._thread is not None:
+            return
+        loads = [sum(cost(t) for t in tasks) for tasks in plan]
+        for name in self.paths:
+            ranks = [r for r in range(self.world) if any(t[1] == name and "own" in t[2] for t in plan[r])]
+            if ranks:
+                self.encoder[name] = min(ranks, key=lambda r: (loads[r], r))
+        for name, r in self.encoder.items():
+            if r == self.rank:
+                buf = io.BytesIO()
+                np.save(buf, self.latent(name, vae).numpy(), allow_pickle=False)
+                atomic_write_bytes(self.latent_paths[name], buf.getvalue())  # whole or absent
+
+    def latent(self, name: str, vae: Any) -> Any:
+        """The VAE's encode of sweep ``name``'s truth, [48, N + 1, H, W] on the CPU (``truth_latents``):
+        this rank's own, or the encoding rank's file (``share_encodes``)."""
+        if name not in self._latents:
+            t0 = time.perf_counter()
+            src = self.encoder.get(name, self.rank)
+            if src == self.rank:
+                self._latents[name] = L.truth_latents(vae, np.array(self.get()[name].frames))  # writable
+                self.log(f"{name}: the truth's VAE encode in {time.perf_counter() - t0:.1f} s")
+            else:
+                path = self.latent_paths[name]
+                while not path.exists():
+                    if time.perf_counter() - t0 > self.WAIT_S:
+                        raise TimeoutError(
+                            f"the live truth's encode: no {path.name} after {self.WAIT_S:.0f} s"
+                        )
+                    time.sleep(0.05)
+                self._latents[name] = torch.from_numpy(np.load(path, allow_pickle=False))
+                self.log(
+                    f"{name}: the truth's VAE encode read from rank {src} in {time.perf_counter() - t0:.1f} s"
+                )
+        return self._latents[name]
+
     def get(self) -> dict[str, L.Truth]:
         """Every sweep's truth once all ranks have drawn their frames (no collective: a rank
         calls it when it first scores, and before the gather)."""
@@ -181,10 +231,15 @@ def run_live(
     plays = {name: scripts(s) for name, s in sweeps.items()}
     assert sorted(k for kinds in TASK_KINDS for k in kinds) == sorted(L.KINDS)
     tasks = [(e.label, s.name, kinds) for e, s in pending for kinds in TASK_KINDS]
-    mine = shard(tasks, lambda t: sum(sweeps[t[1]].rollout_cells(k) for k in t[2]), world)[rank]
+
+    def cost(t: Task) -> int:
+        return sum(sweeps[t[1]].rollout_cells(k) for k in t[2])
+
+    plan = shard(tasks, cost, world)
+    mine = plan[rank]
     truth_of = Truths(backend, plays, {name for _, name, kinds in mine if "changed" in kinds}, run_dir, log)
+    truth_of.share_encodes(vae, plan, cost)
     metrics = {n: m for n, f in FRAME_METRICS.items() if (m := f(cfg)) is not None}
-    latents: dict[str, Any] = {}  # per sweep, for every export this rank plays: the truth's encode
     ceilings: dict[str, list[float]] = {}  # per sweep: the PSNR per frame of that encode decoded
     done: dict[tuple[str, str, str], dict[str, Any]] = {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}  # single rank: each row as it is finished
@@ -210,14 +265,10 @@ def run_live(
             t0 = time.perf_counter()
             extra: dict[str, Any] = {}
             if kind == "own":
-                if name not in latents:
-                    t1 = time.perf_counter()
-                    latents[name] = L.truth_latents(vae, np.array(truth.frames))  # a writable copy
-                    log(f"{name}: the truth's VAE encode in {time.perf_counter() - t1:.1f} s")
-                extra["truth_latent"] = latents[name]
+                extra["truth_latent"] = truth_of.latent(name, vae)
                 if ceiling and name not in ceilings:
                     t1 = time.perf_counter()
-                    ceilings[name] = L.ceiling_psnr(session, latents[name], truth.frames, cap)
+                    ceilings[name] = L.ceiling_psnr(session, extra["truth_latent"], truth.frames, cap)
                     log(
                         f"{name}: the truth through the VAE decoded and scored in {time.perf_counter() - t1:.1f} s"
                     )

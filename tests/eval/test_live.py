@@ -443,3 +443,46 @@ def test_a_rank_gets_the_truth_once_every_rank_has_drawn_not_once_every_rank_ask
     frames = L.render_truth(backend, plays[sweep.name]["own"]).frames
     assert not waiting.is_alive() and np.array_equal(got[sweep.name].frames, frames)
     assert np.array_equal(rank1.get()[sweep.name].frames, frames)
+
+
+def test_one_rank_encodes_the_truth_and_the_others_read_its_file(world, tmp_path, monkeypatch):
+    """Two ranks that both score an own rollout, the truth drawn before the sessions: the less
+    loaded rank encodes it before its sessions and writes it; the other reads that file when it
+    first scores (waiting for it): the tensor of its own encode. An earlier job's file is cleared
+    before anyone reads."""
+    import threading
+
+    from gc25d_core.eval import live_run
+
+    _, _, backend, vae = world
+    sweep = L.live_sweep("live240", cells=CELLS)
+    name = sweep.name
+    plays = {name: live_run.scripts(sweep)}
+    (tmp_path / "live").mkdir()
+    stale = tmp_path / "live" / f"{name}_truth_latent.npy"
+    np.save(stale, np.zeros(3, np.float32))  # an earlier job's
+    monkeypatch.setattr(live_run, "world_size", lambda: 2)
+    monkeypatch.setattr(live_run, "barrier", lambda: None)
+    plan = [[("a", name, ("own", "other")), ("b", name, ("changed",))], [("c", name, ("own", "other"))]]
+    weights = {"own": 10, "other": 10, "changed": 3}
+
+    def cost(t):
+        return sum(weights[k] for k in t[2])
+
+    monkeypatch.setattr(live_run, "global_rank", lambda: 0)
+    rank0 = live_run.Truths(backend, plays, set(), tmp_path, lambda m: None)
+    assert not stale.exists()
+    rank0.share_encodes(vae, plan, cost)
+    assert rank0.encoder == {name: 1} and not stale.exists()  # rank 1 has less to play: 20 < 23
+    got = {}
+    waiting = threading.Thread(target=lambda: got.update(z=rank0.latent(name, vae)))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # no file yet: rank 0 waits for it, and does not encode itself
+    monkeypatch.setattr(live_run, "global_rank", lambda: 1)
+    rank1 = live_run.Truths(backend, plays, set(), tmp_path, lambda m: None)
+    rank1.share_encodes(vae, plan, cost)  # draws its frames, encodes, writes
+    waiting.join(60)
+    assert not waiting.is_alive()
+    want = L.truth_latents(vae, L.render_truth(backend, plays[name]["own"]).frames)
+    assert torch.equal(got["z"], want) and torch.equal(rank1.latent(name, vae), want)
