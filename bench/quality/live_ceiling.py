@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     from gc25d_core.config import load_config
     from gc25d_core.eval import live as L
     from gc25d_core.eval import metrics as M
+    from gc25d_core.eval.live_score import drift_slope, per_segment
     from gc25d_core.jobs.eval_live import DeployBackend
     from gc25d_core.models.vae import decode_frames
     from gc25d_core.models.vae_fit import load_tiny_vae
@@ -55,12 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     decoded = decode_frames(vae, L.truth_latents(vae, np.array(truth.frames)))
     t2 = time.perf_counter()
     psnr = M.psnr_per_frame(decoded, truth.frames)
-    segments = []
-    for lo, hi in sweep.segments():
-        frames = slice(M.cell_frames(lo).start, M.cell_frames(hi).stop)
-        segments.append({"t0_s": (lo - 1) / L.CELLS_PER_SECOND, "t1_s": hi / L.CELLS_PER_SECOND})
-        segments[-1]["psnr"] = M.nan_mean(psnr[frames])
-    minutes = [(s["t0_s"] + s["t1_s"]) / 120.0 for s in segments]
+    means = per_segment(sweep, psnr)
+    segments = [
+        {"t0_s": (lo - 1) / L.CELLS_PER_SECOND, "t1_s": hi / L.CELLS_PER_SECOND, "psnr": v}
+        for (lo, hi), v in zip(sweep.segments(), means, strict=True)
+    ]
     out = {
         "sweep": sweep.name,
         "cells": sweep.cells,
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         "sha256": args.sha256,
         "psnr_cell0": float(np.mean(psnr[:1])),
         "segments": segments,
-        "drift_slope_db_per_min": M.slope_per(minutes, [s["psnr"] for s in segments]),
+        "drift_slope_db_per_min": drift_slope(sweep, means),
         "truth_s": round(t1 - t0, 1),
         "encode_decode_s": round(t2 - t1, 1),
     }

@@ -138,15 +138,20 @@ class Truths:
             )
         self.drawn_marks[self.rank].touch()
 
-    def _wait_for_ranks(self) -> None:
+    def _await(self, paths: Sequence[Path], what: str) -> float:
+        """Seconds until every one of ``paths`` exists (another rank's file: no collective)."""
         t0 = time.perf_counter()
-        while not all(m.exists() for m in self.drawn_marks):
+        while not all(p.exists() for p in paths):
             if time.perf_counter() - t0 > self.WAIT_S:
-                missing = [m.name for m in self.drawn_marks if not m.exists()]
-                raise TimeoutError(f"the live truth: no {missing} after {self.WAIT_S:.0f} s")
+                missing = [p.name for p in paths if not p.exists()]
+                raise TimeoutError(f"{what}: no {missing} after {self.WAIT_S:.0f} s")
             time.sleep(0.05)
-        if time.perf_counter() - t0 > 1.0:
-            self.log(f"waited {time.perf_counter() - t0:.1f} s for the other ranks' truth frames")
+        return time.perf_counter() - t0
+
+    def _wait_for_ranks(self) -> None:
+        waited = self._await(self.drawn_marks, "the live truth")
+        if waited > 1.0:
+            self.log(f"waited {waited:.1f} s for the other ranks' truth frames")
 
     def share_encodes(self, vae: Any, plan: Sequence[Sequence[Task]], cost: Callable[[Task], int]) -> None:
         """With several ranks and the truth drawn before the sessions: each sweep's truth is encoded
@@ -179,12 +184,7 @@ class Truths:
                 self.log(f"{name}: the truth's VAE encode in {time.perf_counter() - t0:.1f} s")
             else:
                 path = self.latent_paths[name]
-                while not path.exists():
-                    if time.perf_counter() - t0 > self.WAIT_S:
-                        raise TimeoutError(
-                            f"the live truth's encode: no {path.name} after {self.WAIT_S:.0f} s"
-                        )
-                    time.sleep(0.05)
+                self._await([path], "the live truth's encode")
                 self._latents[name] = torch.from_numpy(np.load(path, allow_pickle=False))
                 self.log(
                     f"{name}: the truth's VAE encode read from rank {src} in {time.perf_counter() - t0:.1f} s"
@@ -266,13 +266,14 @@ def run_live(
             extra: dict[str, Any] = {}
             if kind == "own":
                 extra["truth_latent"] = truth_of.latent(name, vae)
-                if ceiling and name not in ceilings:
-                    t1 = time.perf_counter()
-                    ceilings[name] = L.ceiling_psnr(session, extra["truth_latent"], truth.frames, cap)
-                    log(
-                        f"{name}: the truth through the VAE decoded and scored in {time.perf_counter() - t1:.1f} s"
-                    )
                 if ceiling:
+                    if name not in ceilings:
+                        t1 = time.perf_counter()
+                        ceilings[name] = L.ceiling_psnr(session, extra["truth_latent"], truth.frames, cap)
+                        log(
+                            f"{name}: the truth through the VAE decoded and scored in "
+                            f"{time.perf_counter() - t1:.1f} s"
+                        )
                     extra["ceiling_psnr"] = ceilings[name]
                 extra["frame_metrics"] = metrics
             if kind == "changed":

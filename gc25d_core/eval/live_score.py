@@ -119,6 +119,22 @@ def _seg(values: Sequence[float], cells: range) -> float:
     return M.nan_mean(values[_frames_of(cells)])
 
 
+def per_cell(sweep: LiveSweep, per_frame: Sequence[float]) -> list[float]:
+    """A per-frame series' mean over each cell 0 … N (a drift curve)."""
+    return [_seg(per_frame, range(c, c + 1)) for c in range(sweep.cells + 1)]
+
+
+def per_segment(sweep: LiveSweep, per_frame: Sequence[float]) -> list[float]:
+    """A per-frame series' mean over each of the sweep's segments."""
+    return [_seg(per_frame, range(lo, hi + 1)) for lo, hi in sweep.segments()]
+
+
+def drift_slope(sweep: LiveSweep, segment_values: Sequence[float]) -> float:
+    """dB per minute: the least-squares slope of per-segment values over the segments' midpoints."""
+    minutes = [((lo - 1) / CELLS_PER_SECOND + hi / CELLS_PER_SECOND) / 120.0 for lo, hi in sweep.segments()]
+    return M.slope_per(minutes, segment_values)
+
+
 def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Truth) -> dict[str, Any]:
     """An export's result on ``sweep`` from its three scored rollouts."""
     own, other, changed = rolls["own"], rolls["other"], rolls["changed"]
@@ -143,7 +159,6 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
         for name, vals in own.get("frame_metrics", {}).items():
             seg.setdefault("frame_metrics", {})[name] = _seg(vals, cells)
         segments.append(seg)
-    minutes = [(s["t0_s"] + s["t1_s"]) / 120.0 for s in segments]
     k, a = sweep.change_cell, sweep.after_cells
     pre = k - 1  # cells 1 … k−1 come before the changed action (the digests start at cell 1)
     differs = sum(x != y for x, y in zip(changed["digests"][:pre], own["digests"][:pre], strict=True))
@@ -167,24 +182,22 @@ def assemble_live(sweep: LiveSweep, rolls: dict[str, dict[str, Any]], truth: Tru
         ),
     }
     revisit["consistency_db"] = revisit["psnr"] - revisit["psnr_first_visit"]
-    psnr_cell = [M.nan_mean(own["psnr"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)]
-    other_cell = [M.nan_mean(other["psnr"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)]
-    curves = {"psnr": psnr_cell, "psnr_other": other_cell, "latent_mse": [math.nan, *(lat or [])]}
-    out: dict[str, Any] = {}
-    if "psnr_ceiling" in own:  # the truth through the VAE: where its segments are harder to draw
-        curves["psnr_ceiling"] = [
-            M.nan_mean(own["psnr_ceiling"][_frames_of(range(c, c + 1))]) for c in range(sweep.cells + 1)
-        ]
-        out["ceiling_drift_slope_db_per_min"] = M.slope_per(minutes, [s["psnr_ceiling"] for s in segments])
-    return {
+    result = {
         "sweep": sweep.definition(),
         "segments": segments,
-        "drift_slope_db_per_min": M.slope_per(minutes, [s["psnr"] for s in segments]),
+        "drift_slope_db_per_min": drift_slope(sweep, [s["psnr"] for s in segments]),
         "psnr_first": segments[0]["psnr"],
         "psnr_last": segments[-1]["psnr"],
         "delta_psnr_min": min(s["delta_psnr"] for s in segments),
         "action": action,
         "revisit": revisit,
-        "curves": curves,
-        **out,
+        "curves": {
+            "psnr": per_cell(sweep, own["psnr"]),
+            "psnr_other": per_cell(sweep, other["psnr"]),
+            "latent_mse": [math.nan, *(lat or [])],
+        },
     }
+    if "psnr_ceiling" in own:  # the truth through the VAE: where its segments are harder to draw
+        result["curves"]["psnr_ceiling"] = per_cell(sweep, own["psnr_ceiling"])
+        result["ceiling_drift_slope_db_per_min"] = drift_slope(sweep, [s["psnr_ceiling"] for s in segments])
+    return result
