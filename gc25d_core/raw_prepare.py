@@ -61,11 +61,15 @@ def validate_raw(cfg: Gc25dConfig, log: Callable[[str], None] = print) -> dict[s
 
 
 def prepare_raw(
-    cfg: Gc25dConfig, log: Callable[[str], None] = print, workers: int | None = None
+    cfg: Gc25dConfig,
+    log: Callable[[str], None] = print,
+    workers: int | None = None,
+    reporter: Any = None,
 ) -> dict[str, Any]:
     """The raw source: the code world generated (or finished) under ``raw.root`` by ``workers``
     processes (default: the code world's own, at most 2), then validated; a recorded source is
-    validated only."""
+    validated only. ``reporter`` (``report.Reporter``'s log and progress) gets the generation's
+    lines and its frames' rate and ETA (minutes at the larger presets' sizes)."""
     if cfg.raw.kind == "codeworld":
         from gc25d_core.codeworld import generate
 
@@ -74,9 +78,15 @@ def prepare_raw(
             preset=cfg.raw.codeworld_preset,
             seed=cfg.raw.seed,
             geometry=cfg.geometry,
+            reporter=reporter,
             workers=workers,
         )
         validated = validate_raw(cfg, log)
+        log(
+            f"raw source: code world {made['preset']} (seed {made['seed']}), {made['runs']} runs "
+            f"({len(made['generated_runs'])} generated in {made['seconds']:.1f} s, "
+            f"{len(made['skipped_runs'])} already there), {made['frames']} frames, {made['clips']} clips"
+        )
         # one key per fact: the validated counts, what this call generated, the data's size
         return {
             "kind": "codeworld",

@@ -114,3 +114,38 @@ def test_every_job_sensor_resource_and_run_config_field_is_described():
     ):
         missing += _undescribed(cls, cls.__name__)
     assert not missing, missing
+
+
+def test_raw_source_shows_the_code_worlds_progress_in_the_run_log(tmp_path, monkeypatch):
+    """The raw source's generation (minutes at the larger presets' sizes, inside the Dagster
+    process) logs each run, the frames' rate and ETA, and a summary, in the asset's run log; a
+    second materialization generates nothing and says so."""
+    import dataclasses
+
+    from gc25d_core.codeworld import PRESETS, TINY_GEOMETRY, get_preset
+    from gc25d_core.codeworld.presets import Preset
+    from gc25d_pipeline.defs.data.assets import raw_source
+    from gc25d_pipeline.lib.project import ArtifactStore, Gc25dProject, RawDataset
+
+    short = [dataclasses.replace(s, num_frames=12) for s in get_preset("tiny").runs(0)[:2]]
+    monkeypatch.setitem(PRESETS, "tiny", Preset("tiny", TINY_GEOMETRY, lambda seed: short))
+    monkeypatch.setenv("GC25D_CODEWORLD_WORKERS", "1")  # in this process: its lines as they come
+    (tmp_path / "data").mkdir()
+    project = Gc25dProject(
+        preset="tiny",
+        store=ArtifactStore(data_root=str(tmp_path / "data"), runs_root=str(tmp_path / "runs")),
+        raw=RawDataset(root=str(tmp_path / "raw")),
+    )
+    with dg.instance_for_test() as instance:
+        first = dg.materialize([raw_source], instance=instance, resources={"project": project})
+        second = dg.materialize([raw_source], instance=instance, resources={"project": project})
+        logs = [[r.user_message for r in instance.all_logs(res.run_id)] for res in (first, second)]
+    for s in short:
+        assert (
+            sum(f"codeworld: generating {s.subset}/{s.scene}/{s.run} (12 frames)" in m for m in logs[0]) == 1
+        )
+    assert [m for m in logs[0] if m.startswith("frames 24/24 (")]  # Progress's last line: rate, ETA 0s
+    assert sum("raw source: code world tiny (seed 0), 2 runs (2 generated in" in m for m in logs[0]) == 1
+    assert not [m for m in logs[1] if "codeworld: generating" in m]
+    again = "2 already there), 24 frames, 0 clips"
+    assert sum("2 runs (0 generated in" in m and again in m for m in logs[1]) == 1

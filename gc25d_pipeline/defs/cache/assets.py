@@ -6,19 +6,12 @@ import dagster as dg
 from gc25d_core.cache.from_layout import RejectedReceiptsError, open_cache_store, pack_and_publish
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
-from gc25d_core.report import human_bytes, log_to
+from gc25d_core.report import human_bytes
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.prep.assets import cond, cond_ext, ext_canvas, latents
+from gc25d_pipeline.lib.context_reporter import ContextReporter
 from gc25d_pipeline.lib.project import Gc25dProject
 from gc25d_pipeline.lib.snapshots import published_snapshot
-
-
-class _LogReporter:
-    def __init__(self, context: dg.AssetExecutionContext):
-        self.context = context
-
-    def log(self, message: str, level: str = "info") -> None:
-        log_to(self.context.log, message, level)
 
 
 @dg.asset(group_name="cache", deps=[latents, cond, cond_ext, ext_canvas], kinds={"python"})
@@ -27,7 +20,7 @@ def training_cache(context: dg.AssetExecutionContext, project: Gc25dProject) -> 
     (parent-checked). Fails when the publisher rejects a receipt: its clips would be in no snapshot."""
     cfg = project.config()
     try:
-        summary = pack_and_publish(cfg, reporter=_LogReporter(context))
+        summary = pack_and_publish(cfg, reporter=ContextReporter(context))
     except RejectedReceiptsError as e:
         raise dg.Failure(description=str(e), metadata={"rejected": dg.MetadataValue.json(e.rejected)}) from e
     version = summary["commit"] or "empty"
