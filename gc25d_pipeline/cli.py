@@ -10,6 +10,10 @@ far cond is below uncond at the last validation (what ``make run`` prints).
 ``python -m gc25d_pipeline.cli eval-table [SNAPSHOT]``: the eval asset's comparison table across the
 chain's exports on that snapshot (what ``make run`` prints at its end).
 
+``python -m gc25d_pipeline.cli timeline [--since UNIX_TIME]``: the runs created since then (default:
+the last hour), oldest first, each with its wall time and its steps' (what ``make run`` prints last,
+from its own start).
+
 ``python -m gc25d_pipeline.cli check-config``: resolve the project's config (GC25D_PRESET,
 GC25D_OVERRIDES) and print its roots, or the one line saying which preset, override or field is
 wrong (exit 2) — what Dagster would otherwise report inside its definitions-loading tracebacks.
@@ -141,7 +145,17 @@ def _main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=what).add_argument(
             "snapshot", nargs="?", default=None, help="a snapshot id (default: the newest)"
         )
+    since = sub.add_parser("timeline", help="the runs since a moment and their steps' wall times")
+    since.add_argument("--since", type=float, default=None, help="a Unix time (default: an hour ago)")
     args = ap.parse_args(argv)
+    if args.command == "timeline":
+        import time
+
+        from gc25d_pipeline.lib.timeline import timeline
+
+        with dg.DagsterInstance.get() as instance:
+            print(timeline(instance, time.time() - 3600 if args.since is None else args.since))
+        return 0
     if args.command == "check-config":
         return check_config()
     if args.command == "learning-signal":
