@@ -31,9 +31,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.manifest import snapshot_id
 from gc25d_core.cache.snapshots import list_versions
+from gc25d_core.cache.stores import open_cache_store
 from gc25d_core.config import ConfigError
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import default_project

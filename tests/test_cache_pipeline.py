@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gc25d_core.cache import SCHEMA_GC25D, LocalStore, pack_shard
-from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.snapshots import list_versions, read_snapshot
+from gc25d_core.cache.stores import open_cache_store
 from gc25d_core.index import write_index
 from gc25d_core.layout import Layout, Shapes, write_cond
 from gc25d_pipeline.defs.cache.assets import cache_snapshot, training_cache

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 
-from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.snapshots import list_versions
+from gc25d_core.cache.stores import open_cache_store
 from gc25d_pipeline.definitions import defs
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.launcher import JobLauncher, rank_failure

@@ -68,6 +68,15 @@ def test_core_library_imports_no_dagster():
             assert not (stripped.startswith("from dagster ") or stripped.startswith("from dagster.")), path
 
 
+def test_the_operator_cli_starts_without_torch():
+    """``python -m gc25d_pipeline.cli`` runs several times in every ``make run`` (check-config,
+    sync-snapshots, the tables, the timeline): its import leaves torch (≈ 1.4 s a call) to the
+    commands that need it."""
+    code = "import sys, gc25d_pipeline.cli\nprint(sorted(k for k in sys.modules if k.split('.')[0] == 'torch')[:3])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
 def _undescribed(model: type, where: str) -> list[str]:
     """Fields of a Dagster config / resource class (and the config classes nested in it) without a
     description: the UI's launchpad and resource pages show nothing else about them."""

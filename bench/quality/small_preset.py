@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> tuple[Any, Path, int]:
     phase("training_cache", t0, snapshot=snapshot)
     phase("data_total", t_all)
 
-    from gc25d_core.cache.from_layout import open_cache_store
     from gc25d_core.cache.manifest import snapshot_id
     from gc25d_core.cache.snapshots import list_versions
+    from gc25d_core.cache.stores import open_cache_store
 
     version = list_versions(open_cache_store(cfg))[-1]
     sft_cfg = with_sft(cfg, "small", {**sft, "data": {**sft.get("data", {}), "manifest_version": version}})

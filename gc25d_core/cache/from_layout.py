@@ -35,17 +35,10 @@ from gc25d_core.cache.publish import (
 )
 from gc25d_core.cache.samples import gc25d_sample
 from gc25d_core.cache.snapshots import read_snapshot
-from gc25d_core.cache.stores import Store, open_store
+from gc25d_core.cache.stores import Store, open_cache_store
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.index import ClipRow, read_index
 from gc25d_core.layout import Layout, Shapes, read_cond, read_cond_ext, read_latents, read_meta
-
-
-def open_cache_store(cfg: Gc25dConfig) -> Store:
-    spec = cfg.cache.store
-    if "://" not in spec:
-        Path(spec).mkdir(parents=True, exist_ok=True)
-    return open_store(spec)
 
 
 def shard_name(rows: list[ClipRow]) -> str:

@@ -46,7 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -61,6 +61,9 @@ from gc25d_core.cache.errors import (
 )
 from gc25d_core.cache.manifest import POINTER_PATH, Strict, check_commit, check_store_path, is_commit
 from gc25d_core.hashing import sha256_file
+
+if TYPE_CHECKING:
+    from gc25d_core.config import Gc25dConfig
 
 MUTABLE_PATHS = frozenset({POINTER_PATH})
 
@@ -809,6 +812,15 @@ class HubStore(Store):
 
 
 # ----------------------------------------------------------------------------------------------
+
+
+def open_cache_store(cfg: Gc25dConfig) -> Store:
+    """The project's store (``cache.store``), a local folder created if absent. Here, not beside the
+    packing that needs torch: the operator CLI lists snapshots through it on every call."""
+    spec = cfg.cache.store
+    if "://" not in spec:
+        Path(spec).mkdir(parents=True, exist_ok=True)
+    return open_store(spec)
 
 
 def open_store(

@@ -7,9 +7,9 @@ what to do, instead of launching a job that fails in every rank and is retried f
 
 import dagster as dg
 
-from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.manifest import parse_snapshot_id, snapshot_id, version_path
 from gc25d_core.cache.snapshots import list_versions
+from gc25d_core.cache.stores import open_cache_store
 from gc25d_core.config import Gc25dConfig
 
 

@@ -3,9 +3,10 @@ one partition per immutable snapshot, verified before anything trains on it."""
 
 import dagster as dg
 
-from gc25d_core.cache.from_layout import RejectedReceiptsError, open_cache_store, pack_and_publish
+from gc25d_core.cache.from_layout import RejectedReceiptsError, pack_and_publish
 from gc25d_core.cache.publish import verify_snapshot
 from gc25d_core.cache.snapshots import read_snapshot
+from gc25d_core.cache.stores import open_cache_store
 from gc25d_core.report import human_bytes
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.defs.prep.assets import cond, cond_ext, ext_canvas, latents

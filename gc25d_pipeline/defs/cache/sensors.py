@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-from gc25d_core.cache.from_layout import open_cache_store
 from gc25d_core.cache.manifest import snapshot_id
 from gc25d_core.cache.snapshots import list_versions
+from gc25d_core.cache.stores import open_cache_store
 from gc25d_pipeline.defs.cache.assets import cache_snapshot
 from gc25d_pipeline.defs.cache.partitions import cache_snapshots
 from gc25d_pipeline.lib.project import Gc25dProject
