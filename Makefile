@@ -51,16 +51,17 @@ CHAIN := key:cache_snapshot+
 # step's own process would spend seconds importing the code location before it starts, on every
 # step of a rerun that has nothing to do; the heavy work is in torchrun jobs either way
 IN_PROCESS := --config-json '{"execution": {"config": {"in_process": {}}}}'
-# Last, where the wall time went: every run since the start, with its steps' times.
+# Last, where the wall time went: every run since the start, with its steps' times and statuses
+# (printed after a failure too; make's status is still the chain's).
 run: instance
-	start=$$(date +%s) && \
+	start=$$(date +%s); \
 	$(PY) -m gc25d_pipeline.cli check-config && \
 	$(DG) launch --job full_chain $(IN_PROCESS) && \
 	snap=$$($(PY) -m gc25d_pipeline.cli sync-snapshots) && \
 	$(DG) launch --assets $(CHAIN) --partition $$snap $(IN_PROCESS) && \
 	$(PY) -m gc25d_pipeline.cli learning-signal $$snap && \
-	$(PY) -m gc25d_pipeline.cli eval-table $$snap && \
-	$(PY) -m gc25d_pipeline.cli timeline --since $$start
+	$(PY) -m gc25d_pipeline.cli eval-table $$snap; \
+	rc=$$?; $(PY) -m gc25d_pipeline.cli timeline --since $$start; exit $$rc
 
 # SFT teacher + pick on the newest snapshot only (tiny preset: 400 steps on 2 CPU ranks), then its
 # validation figures (cond vs uncond).
