@@ -30,13 +30,14 @@ def timeline(instance: dg.DagsterInstance, since: float, now: float | None = Non
     after = datetime.fromtimestamp(since, tz=UTC)
     runs = instance.get_runs(filters=dg.RunsFilter(created_after=after))
     stats = {r.run_id: instance.get_run_stats(r.run_id) for r in runs}
-    runs = sorted(runs, key=lambda r: stats[r.run_id].start_time or stats[r.run_id].launch_time or now)
+    # a run not started yet (queued) counts from now: last, with no time
+    began = {k: st.start_time or st.launch_time or now for k, st in stats.items()}
+    runs = sorted(runs, key=lambda r: began[r.run_id])
     started = after.strftime("%H:%M:%S UTC")
     lines = [f"timeline since {started}: {clock(now - since)} of wall time, {len(runs)} runs"]
     width, in_runs = 34, 0.0
     for run in runs:
-        st = stats[run.run_id]
-        wall = (st.end_time or now) - (st.start_time or st.launch_time or now)
+        wall = (stats[run.run_id].end_time or now) - began[run.run_id]
         in_runs += wall
         lines.append(f"  {_run_name(run):<{width}} {clock(wall):>7}  {run.status.value}")
         steps = sorted(instance.get_run_step_stats(run.run_id), key=lambda s: s.start_time or 0.0)
