@@ -16,6 +16,11 @@ packages without running their initialisers; the first attribute read from one (
 diffsynth; diffsynth.ModelConfig``, ``from diffsynth.core import ...``) runs it, so code that uses
 the rest of DiffSynth sees the whole library as before.
 
+DeepSpeed's accelerator: DiffSynth's gradient checkpointing imports DeepSpeed, whose auto-detection
+prints "Setting accelerator to CPU" as a warning in every process without CUDA (each rank of each
+job, and the Dagster process that draws a preview). ``name_the_deepspeed_accelerator`` says "cpu"
+before that, where CUDA is absent; an explicit DS_ACCELERATOR is kept.
+
 FlashAttention-2 probe: DiffSynth's Wan DiT takes its FA2 branch when ``import flash_attn``
 succeeds, but flash-attn-4 (our optional ``attn_backend: fa4``) installs a package of that name
 without ``flash_attn_func``, so every DiffSynth Wan attention then fails with AttributeError (seen
@@ -43,12 +48,20 @@ def patch_torchvision_for_cpu_torch() -> None:
         )
 
 
+def name_the_deepspeed_accelerator() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def import_diffsynth():
     """DiffSynth offline (no hub downloads) with the torchvision workaround applied: its Wan DiT file
     loaded, its package initialisers deferred to their first use (``defer_package_init``)."""
     os.environ.setdefault("DIFFSYNTH_SKIP_DOWNLOAD", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     patch_torchvision_for_cpu_torch()
+    name_the_deepspeed_accelerator()
     for name in DEFERRED_PACKAGES:
         defer_package_init(name)
     from diffsynth.models import wan_video_dit

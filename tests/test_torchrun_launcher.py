@@ -87,3 +87,18 @@ def test_terminating_the_run_leaves_no_orphans(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         for p in processes_with(str(runs_root)):
             p.kill()
+
+
+def test_a_two_rank_launch_prints_no_banner_or_warning(tmp_path, capfd, monkeypatch):
+    """torchrun's banner about OMP_NUM_THREADS (four lines at every launch of several ranks) is not
+    printed: the launcher sets torchrun's own default itself, and the ranks run with it."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    launcher = TorchrunLauncher(nproc_per_node=2)
+    assert launcher.job_env(0)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in TorchrunLauncher(nproc_per_node=1).job_env(0)  # torchrun sets none
+    with dg.instance_for_test() as instance:
+        assert _materialize(tmp_path, instance).success
+    out = capfd.readouterr()
+    printed = out.out + out.err
+    assert "cluster_check" in printed  # the launch's own lines were captured
+    assert "OMP_NUM_THREADS" not in printed and "Warning" not in printed, printed[-3000:]

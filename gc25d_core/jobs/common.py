@@ -17,6 +17,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from gc25d_core.compat import name_the_deepspeed_accelerator
 from gc25d_core.config import Gc25dConfig, config_from_yaml
 from gc25d_core.distributed import is_distributed_launch, process_group
 from gc25d_core.lifeline import die_with_parent, register
@@ -33,15 +34,18 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def _name_the_deepspeed_accelerator() -> None:
-    """Without CUDA, tell DeepSpeed it runs on the CPU: its auto-detection warns "Setting accelerator
-    to CPU" in every rank of every job otherwise. An explicit DS_ACCELERATOR is kept."""
-    import os
+def _quiet_library_deprecations() -> None:
+    """DeepSpeed's ZeRO-2 gathers its partitions with ``torch.distributed.all_gather_into_tensor``,
+    which torch deprecates: every rank of every ZeRO-2 job would print that FutureWarning about a
+    call that is not ours. Only that message is ignored (our own calls stay loud:
+    tests/train/test_stage_torchrun.py)."""
+    import warnings
 
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+        category=FutureWarning,
+    )
 
 
 def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | None = None) -> None:
@@ -52,7 +56,8 @@ def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | No
 
     @record
     def _entry() -> None:
-        _name_the_deepspeed_accelerator()
+        name_the_deepspeed_accelerator()  # before any import of DeepSpeed
+        _quiet_library_deprecations()
         args = parser.parse_args(argv)
         cfg = config_from_yaml(args.config)
         # the lock is collective (rank 0 takes it, every rank learns the outcome) and comes before

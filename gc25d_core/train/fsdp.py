@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -93,14 +93,13 @@ class _FsdpTrained:
         return [(n, p) for n, p in self.wrapped.named_parameters() if p.requires_grad]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        # offload only from the GPU (on CPU ranks FSDP's offload copy crashed the gloo run)
-        cfg = FullStateDictConfig(offload_to_cpu=self.device.type == "cuda", rank0_only=True)
-        with FSDP.state_dict_type(self.wrapped, StateDictType.FULL_STATE_DICT, cfg):
-            sd = self.wrapped.state_dict()
-        return {k.replace("_fsdp_wrapped_module.", ""): v for k, v in sd.items()}
+        # gathered to rank 0 in host memory from the GPU; every rank gathers it on CPU ranks, where
+        # FSDP's offload copy crashed the gloo run. The names are the unwrapped model's.
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=self.device.type == "cuda")
+        full = get_model_state_dict(self.wrapped, options=opts)
+        return cast(dict[str, torch.Tensor], full)  # a full state dict holds plain tensors
 
 
 class FsdpEngine:

@@ -282,6 +282,11 @@ class JobLauncher(dg.ConfigurableResource):
                 p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", "")) if p
             ),
         }
+        if self.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # torchrun's own default for several ranks a node, said here so that torchrun does not
+            # print its four-line banner about setting it at every launch. A CPU run's digits
+            # depend on it (one intra-op thread a rank: gc25d_core.train.sft).
+            env["OMP_NUM_THREADS"] = "1"
         env.update(self.extra_env)
         return env
 

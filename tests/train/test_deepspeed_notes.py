@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gc25d_core.train.zero2 import CPU_COMM_OP, cpu_op_build_note
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,13 +22,16 @@ def test_the_first_cpu_op_build_is_announced_and_a_cached_one_is_not(tmp_path, m
     assert cpu_op_build_note() is None
 
 
-def test_a_job_names_the_cpu_accelerator_so_deepspeed_does_not_warn():
-    code = (
-        "import os, gc25d_core.jobs.common as c\n"
-        "c._name_the_deepspeed_accelerator()\n"
-        "import deepspeed\n"
-        "print(os.environ['DS_ACCELERATOR'])\n"
-    )
+@pytest.mark.parametrize(
+    "first",
+    [
+        "from gc25d_core.compat import name_the_deepspeed_accelerator as n; n()",  # a job's start
+        "import gc25d_core.models.vae",  # DiffSynth's checkpointing imports DeepSpeed (a preview)
+    ],
+    ids=["job", "diffsynth"],
+)
+def test_a_process_without_cuda_names_the_cpu_accelerator_so_deepspeed_does_not_warn(first):
+    code = f"import os\n{first}\nimport deepspeed\nprint(os.environ['DS_ACCELERATOR'])\n"
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -81,6 +81,7 @@ def runs(request, tmp_path_factory):
         "resumed": root / "resumed",
         "after_kill": after_kill,
         "resumed_out": resumed.stdout,
+        "full_err": full.stderr,
     }
 
 
@@ -146,6 +147,13 @@ def test_killed_run_resumes_bit_identically(runs):
     assert json.loads((full / slot / "data.json").read_text()) == json.loads(
         (resumed / slot / "data.json").read_text()
     )
+
+
+def test_the_ranks_print_no_warning(runs):
+    """No deprecation or other warning from the job's own calls, nor from a library's call into
+    torch that the job filters by name (DeepSpeed's all-gather), in the ranks' output."""
+    warned = [line for line in runs["full_err"].splitlines() if "Warning" in line]
+    assert not warned, "\n".join(warned[:10])
 
 
 def test_tensorboard_has_train_loss_for_every_stage(runs):
