@@ -303,6 +303,11 @@ class Stage3Config(CausalStageConfig):
         description="fast path on CUDA: torch.compile the replica's block bodies (their elementwise "
         "work fused; the KV attention eager). Within bf16 rounding of the eager replica, not bit-identical",
     )
+    rollout_compile_rope: bool = Field(
+        default=True,
+        description="fast path on CUDA with rollout_compile: each block's rotation of the query "
+        "cell's q and k in the eager KV attention as one compiled function. Within bf16 rounding",
+    )
     batch_exit_forwards: bool = Field(
         default=True,
         description="fast path: the generator's rollout runs wholly on the replica, then its "

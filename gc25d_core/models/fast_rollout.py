@@ -277,6 +277,7 @@ class RolloutRunner:
         device: torch.device,
         graphs: bool = True,
         compile: bool = False,
+        compile_rope: bool = False,
     ):
         from gc25d_core.models.gcdit import GcDiT
 
@@ -292,6 +293,8 @@ class RolloutRunner:
             # window fill level. Not bit-identical to the training forward: within bf16 rounding.
             replica.enable_compile(eager_attention=True)
         self.compiled = compile
+        # the query cell's q/k rotation in the eager attention (StaticKVCache.compile_query_rotation)
+        self.compile_rope = compile and compile_rope
         self.model, self.mode, self.device = replica, mode, device
         self.use_graphs = graphs and device.type == "cuda"
         if self.use_graphs:
@@ -390,6 +393,8 @@ class RolloutRunner:
             rope = _MemoRope(m.rope_table(anchor.device, self.mode.activ_dtype))
             c = lane.cache = BatchStaticKVCache(spec, len(m.blocks), grid, m.num_heads, cast(Any, rope))
             c.grid_key = key
+            if self.compile_rope:
+                c.compile_query_rotation()
             if lane.graphs is not None:
                 lane.graphs.reset()
         c.mirror = None if slow is None and exits is None else self.model.new_kv_cache(spec, hw)

@@ -238,6 +238,14 @@ class KVCache:
 CellAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
+def rotate_query_cell(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query cell's q and new k rotated for it (``apply_rope`` on each): one function so that a
+    compile fuses both into few kernels (``StaticKVCache.compile_query_rotation``)."""
+    return apply_rope(q, cos, sin, num_heads), apply_rope(k, cos, sin, num_heads)
+
+
 class StaticKVCache(KVCache):
     """The KVCache rule on preallocated per-layer buffers (deploy; CUDA-graph friendly).
 
@@ -281,6 +289,7 @@ class StaticKVCache(KVCache):
         self._gather: dict[tuple[int, ...], torch.Tensor] = {}
         self._tables: tuple[int, tuple[int, ...]] | None = None
         self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
+        self.query_rotate_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotate_query_cell
         # the attention of a query cell over the buffers ([B, L, H*D] q, k, v, heads): PyTorch SDPA,
         # or FlashAttention-4 (``models.fa4.fa4_attention``, the deploy's ``kv_attention='fa4'``)
         self.attn_fn: CellAttention = sdpa
@@ -304,6 +313,15 @@ class StaticKVCache(KVCache):
         arithmetic up to the compiler's rounding; the eager ``apply_rope`` stays the reference and
         runs every other shape)."""
         self.rotate_fn = torch.compile(apply_rope, dynamic=False)
+
+    def compile_query_rotation(self) -> None:
+        """GPU speed: each block's rotation of the query cell's q and k (``attend``, eager beside the
+        compiled block bodies, so that one body serves every fill level) as one compiled function:
+        its shapes are the query cell's at every fill level, so it compiles once a batch size. Eager,
+        it is a score of small elementwise kernels a block and a forward (the bulk of a stage-3
+        rollout's unfused GPU work: docs/benchmarks/2026-12-07_stage3-profile_h100.md). The same
+        arithmetic up to the compiler's rounding."""
+        self.query_rotate_fn = torch.compile(rotate_query_cell, dynamic=False)
 
     def steady(self, cell: int) -> bool:
         """From ``cell`` on every forward has the same shapes and tables (full window, past the cap)."""
@@ -409,8 +427,8 @@ class StaticKVCache(KVCache):
         assert k_raw is not None and k_rot is not None and v_buf is not None
         h, n = self.num_heads, self.tokens_per_cell
         lo = len(self.cells) * n
-        qr = apply_rope(q, self.cos_q, self.sin_q, h)
-        k_rot[:, lo : lo + n].copy_(apply_rope(k, self.cos_q, self.sin_q, h))
+        qr, kr = self.query_rotate_fn(q, k, self.cos_q, self.sin_q, h)
+        k_rot[:, lo : lo + n].copy_(kr)
         v_buf[:, lo : lo + n].copy_(v)
         if commit:
             k_raw[:, lo : lo + n].copy_(k)

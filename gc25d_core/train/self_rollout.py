@@ -194,7 +194,9 @@ class SelfRollout:
                 )
             template = cast("GcDiT", self.model.module)
             compile_ = self.section.rollout_compile and self.device.type == "cuda"
-            self.fast_runner = RolloutRunner(template, mode, self.device, compile=compile_)
+            self.fast_runner = RolloutRunner(
+                template, mode, self.device, compile=compile_, compile_rope=self.section.rollout_compile_rope
+            )
             self.fast_runner.model.load_state_dict(
                 {n.replace("_fsdp_wrapped_module.", ""): b for n, b in template.named_buffers()}, strict=False
             )

@@ -474,10 +474,38 @@ def test_a_compiled_replica_rolls_out_within_rounding_without_recompiling():
     torch._dynamo.reset()
 
 
+def test_the_query_cells_rotation_compiled_once_rolls_out_within_rounding():
+    """``compile_rope`` (stage 3's ``rollout_compile_rope``): each block's q/k rotation in the
+    eager KV attention runs as one compiled function. Its shapes are the query cell's at every fill
+    level, so it compiles once for the batch (one entry in dynamo's cache of that function, no
+    recompile over the rollout's blocks, cells and fill levels), and the rollout equals the eager
+    replica's up to rounding. Without the body's compile it stays eager."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from gc25d_core.models.kv_cache import rotate_query_cell
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make_model(seed=1)
+    args = _inputs(batch=2, distinct=True)
+    assert not RolloutRunner(model, ReplicaMode(), torch.device("cpu"), compile_rope=True).compile_rope
+    eager = _runner(model, ReplicaMode(), "cpu")
+    fast = RolloutRunner(model, ReplicaMode(), torch.device("cpu"), compile=True, compile_rope=True)
+    fast.load(model.named_parameters(), version=0)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        ref = _fast_rollout(eager, None, *args, exit_step=3, grad=False, seed=3)
+        assert not _debug_get_cache_entry_list(rotate_query_cell.__code__)  # the eager runner's: none
+        got = _fast_rollout(fast, None, *args, exit_step=3, grad=False, seed=3)
+    assert len(_debug_get_cache_entry_list(rotate_query_cell.__code__)) == 1
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+    torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding():
-    """Stage 3's default fast path on CUDA: the compiled replica's forwards captured as CUDA graphs
-    (the compile runs in the capture's warm-up) against the eager replica, FSDP-like bf16 weights:
+    """Stage 3's default fast path on CUDA: the compiled replica's forwards (the query cell's q/k
+    rotation compiled too) captured as CUDA graphs (the compile runs in the capture's warm-up)
+    against the eager replica, FSDP-like bf16 weights:
     the clip within bf16 rounding (relative max error printed; bound 2e-2), the graphs on and
     replayed, and a second rollout bit-identical to the first."""
     if not torch.cuda.is_available():
@@ -488,7 +516,7 @@ def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding():
     mode = ReplicaMode(dtype=torch.bfloat16, autocast=True, cast_inputs=True, fp32_out=True)
     args = _inputs(batch=1, distinct=True, device="cuda")
     eager = RolloutRunner(master, mode, torch.device("cuda"), graphs=False)
-    fast = RolloutRunner(master, mode, torch.device("cuda"), graphs=True, compile=True)
+    fast = RolloutRunner(master, mode, torch.device("cuda"), graphs=True, compile=True, compile_rope=True)
     for r in (eager, fast):
         r.load(master.named_parameters(), version=0)
     with torch.no_grad():
