@@ -304,9 +304,10 @@ class Stage3Config(CausalStageConfig):
         "work fused; the KV attention eager). Within bf16 rounding of the eager replica, not bit-identical",
     )
     rollout_compile_rope: bool = Field(
-        default=True,
+        default=False,
         description="fast path on CUDA with rollout_compile: each block's rotation of the query "
-        "cell's q and k in the eager KV attention as one compiled function. Within bf16 rounding",
+        "cell's q and k in the eager KV attention as one compiled function. Within bf16 rounding; "
+        "off until its iteration time is measured beside the default (bench.speed.stages +rope)",
     )
     batch_exit_forwards: bool = Field(
         default=True,

@@ -502,10 +502,11 @@ def test_the_query_cells_rotation_compiled_once_rolls_out_within_rounding():
 
 
 @pytest.mark.gpu
-def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding():
-    """Stage 3's default fast path on CUDA: the compiled replica's forwards (the query cell's q/k
-    rotation compiled too) captured as CUDA graphs (the compile runs in the capture's warm-up)
-    against the eager replica, FSDP-like bf16 weights:
+@pytest.mark.parametrize("compile_rope", [False, True], ids=["default", "rope"])
+def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding(compile_rope):
+    """Stage 3's default fast path on CUDA: the compiled replica's forwards (``rope``: the query
+    cell's q/k rotation compiled too, ``rollout_compile_rope``) captured as CUDA graphs (the compile
+    runs in the capture's warm-up) against the eager replica, FSDP-like bf16 weights:
     the clip within bf16 rounding (relative max error printed; bound 2e-2), the graphs on and
     replayed, and a second rollout bit-identical to the first."""
     if not torch.cuda.is_available():
@@ -516,7 +517,9 @@ def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding():
     mode = ReplicaMode(dtype=torch.bfloat16, autocast=True, cast_inputs=True, fp32_out=True)
     args = _inputs(batch=1, distinct=True, device="cuda")
     eager = RolloutRunner(master, mode, torch.device("cuda"), graphs=False)
-    fast = RolloutRunner(master, mode, torch.device("cuda"), graphs=True, compile=True, compile_rope=True)
+    fast = RolloutRunner(
+        master, mode, torch.device("cuda"), graphs=True, compile=True, compile_rope=compile_rope
+    )
     for r in (eager, fast):
         r.load(master.named_parameters(), version=0)
     with torch.no_grad():
