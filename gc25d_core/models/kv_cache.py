@@ -478,8 +478,8 @@ class StaticKVCache(KVCache):
                 buf[:, :lo].copy_(buf.index_select(1, self._gather_index(slots, buf)))
         fn = self.rotate_fn if lo == self.slots * n else apply_rope
         k_rot[:, :lo].copy_(fn(k_raw[:, :lo], self.cos_kn[:lo], self.sin_kn[:lo], h))
-        qb = apply_rope(q[:, n:], self.cos_qn, self.sin_qn, h)
-        k_rot[:, lo : lo + n].copy_(apply_rope(k[:, n:], self.cos_qn, self.sin_qn, h))
+        qb, kb = self.query_rotate_fn(q[:, n:], k[:, n:], self.cos_qn, self.sin_qn, h)
+        k_rot[:, lo : lo + n].copy_(kb)
         v_buf[:, lo : lo + n].copy_(v[:, n:])
         out_b = self.attn_fn(qb, k_rot[:, : lo + n], v_buf[:, : lo + n], h)
         return torch.cat([out_a, out_b], dim=1)
