@@ -288,7 +288,8 @@ class StaticKVCache(KVCache):
         self._rotated_for: int | None = None
         self._gather: dict[tuple[int, ...], torch.Tensor] = {}
         self._tables: tuple[int, tuple[int, ...]] | None = None
-        self.rotate_fn: Callable[..., torch.Tensor] = apply_rope
+        self.rotate_fn: Callable[..., torch.Tensor] = apply_rope  # the full window's key rotation
+        self.rotate_part_fn: Callable[..., torch.Tensor] = apply_rope  # a filling window's
         self.query_rotate_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotate_query_cell
         # the attention of a query cell over the buffers ([B, L, H*D] q, k, v, heads): PyTorch SDPA,
         # or FlashAttention-4 (``models.fa4.fa4_attention``, the deploy's ``kv_attention='fa4'``)
@@ -319,9 +320,13 @@ class StaticKVCache(KVCache):
         compiled block bodies, so that one body serves every fill level) as one compiled function:
         its shapes are the query cell's at every fill level, so it compiles once a batch size. Eager,
         it is a score of small elementwise kernels a block and a forward (the bulk of a stage-3
-        rollout's unfused GPU work: docs/benchmarks/2026-12-07_stage3-profile_h100.md). The same
-        arithmetic up to the compiler's rounding."""
+        rollout's unfused GPU work: docs/benchmarks/2026-12-07_stage3-profile_h100.md). With it the
+        cached keys' rotation for a new query cell, at every fill level (a rollout of 21-27 cells
+        spends most of its cells filling the window): one compile whose token count is symbolic,
+        where a compile per fill level would pass dynamo's recompile limit. The same arithmetic up
+        to the compiler's rounding."""
         self.query_rotate_fn = torch.compile(rotate_query_cell, dynamic=False)
+        self.rotate_fn = self.rotate_part_fn = torch.compile(apply_rope, dynamic=True)
 
     def steady(self, cell: int) -> bool:
         """From ``cell`` on every forward has the same shapes and tables (full window, past the cap)."""
@@ -412,7 +417,7 @@ class StaticKVCache(KVCache):
         if not m or self.cos_k is None or self.sin_k is None:
             return
         cos_k, sin_k = self.cos_k[:m], self.sin_k[:m]
-        fn = self.rotate_fn if m == self.slots * self.tokens_per_cell else apply_rope
+        fn = self.rotate_fn if m == self.slots * self.tokens_per_cell else self.rotate_part_fn
         for raw, rot in zip(self.k_raw, self.k_rot, strict=True):
             if raw is not None and rot is not None:
                 rot[:, :m].copy_(fn(raw[:, :m], cos_k, sin_k, self.num_heads))
@@ -476,7 +481,7 @@ class StaticKVCache(KVCache):
         if slots != tuple(range(len(slots))):
             for buf in (k_raw, v_buf):
                 buf[:, :lo].copy_(buf.index_select(1, self._gather_index(slots, buf)))
-        fn = self.rotate_fn if lo == self.slots * n else apply_rope
+        fn = self.rotate_fn if lo == self.slots * n else self.rotate_part_fn
         k_rot[:, :lo].copy_(fn(k_raw[:, :lo], self.cos_kn[:lo], self.sin_kn[:lo], h))
         qb, kb = self.query_rotate_fn(q[:, n:], k[:, n:], self.cos_qn, self.sin_qn, h)
         k_rot[:, lo : lo + n].copy_(kb)

@@ -478,10 +478,12 @@ def test_the_query_cells_rotation_compiled_once_rolls_out_within_rounding():
     """``compile_rope`` (stage 3's ``rollout_compile_rope``): each block's q/k rotation in the
     eager KV attention runs as one compiled function. Its shapes are the query cell's at every fill
     level, so it compiles once for the batch (one entry in dynamo's cache of that function, no
-    recompile over the rollout's blocks, cells and fill levels), and the rollout equals the eager
-    replica's up to rounding. Without the body's compile it stays eager."""
+    recompile over the rollout's blocks, cells and fill levels); the cached keys' rotation for each
+    new query cell compiles once too, its token count symbolic over the fill levels. The rollout
+    equals the eager replica's up to rounding. Without the body's compile both stay eager."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
+    from gc25d_core.models.causal import apply_rope
     from gc25d_core.models.kv_cache import rotate_query_cell
 
     torch._dynamo.reset()
@@ -494,9 +496,11 @@ def test_the_query_cells_rotation_compiled_once_rolls_out_within_rounding():
     fast.load(model.named_parameters(), version=0)
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
         ref = _fast_rollout(eager, None, *args, exit_step=3, grad=False, seed=3)
-        assert not _debug_get_cache_entry_list(rotate_query_cell.__code__)  # the eager runner's: none
+        for fn in (rotate_query_cell, apply_rope):  # the eager runner's: none
+            assert not _debug_get_cache_entry_list(fn.__code__)
         got = _fast_rollout(fast, None, *args, exit_step=3, grad=False, seed=3)
     assert len(_debug_get_cache_entry_list(rotate_query_cell.__code__)) == 1
+    assert len(_debug_get_cache_entry_list(apply_rope.__code__)) == 1
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
     torch._dynamo.reset()
 
