@@ -306,7 +306,8 @@ class Stage3Config(CausalStageConfig):
     rollout_compile_rope: bool = Field(
         default=False,
         description="fast path on CUDA with rollout_compile: each block's rotation of the query "
-        "cell's q and k in the eager KV attention as one compiled function. Within bf16 rounding; "
+        "cell's q and k in the eager KV attention as one compiled function, and the cached keys' "
+        "rotation for each new query cell at every fill level. Within bf16 rounding; "
         "off until its iteration time is measured beside the default (bench.speed.stages +rope)",
     )
     batch_exit_forwards: bool = Field(
