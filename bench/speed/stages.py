@@ -22,8 +22,8 @@ Runs (the stage's v10 preset plus short-run cadences, random weights):
 the SFT), ``+fx<name>`` sets flex's kernel options to bench/speed/attention.py's ``FLEX_VARIANTS["flex_<name>"]``,
 ``+module`` (stage 3) runs every rollout forward on the FSDP module instead of the fast path's replica,
 ``+perexit`` its generator's exit forwards with grad one per cell (not batched into one forward),
-``+batch`` the critic updates' rollouts as one batch, ``+nocompile`` the replica eager, ``+rope`` its
-query cell's q/k rotation compiled as well as its block bodies,
+``+batch`` the critic updates' rollouts as one batch, ``+nocompile`` the replica eager, ``+norope``
+its KV attention's RoPE rotations eager (its block bodies still compiled),
 ``+L<N>`` builds N of the 30 blocks at full width (stage 3: instead of ``--s3-blocks``): the per-block
 rate with the memory a sharded run leaves (one GPU holds a 5B model's optimizer state only by
 recomputing most blocks).
@@ -77,13 +77,13 @@ CKPT_1GPU = 10  # SFT: of the 30 blocks (sft.py's v10_1gpu)
 # stage 3's modifiers: +module every rollout forward on the FSDP module (the path before issue 33),
 # +perexit the generator's exit forwards one per cell during its rollout (before batched exits),
 # +batch the critic updates' rollouts of a step as one batch, +nocompile the replica eager,
-# +rope its query cell's q/k rotation compiled too
+# +norope the KV attention's RoPE rotations eager (the replica's body still compiled)
 S3_MODIFIERS: dict[str, tuple[str, Any]] = {
     "module": ("rollout_path", "module"),
     "perexit": ("batch_exit_forwards", False),
     "batch": ("batch_critic_rollouts", True),
     "nocompile": ("rollout_compile", False),
-    "rope": ("rollout_compile_rope", True),
+    "norope": ("rollout_compile_rope", False),
 }
 # one small validation at the end (the loop always validates the last step)
 STAGE_VAL = {"every": 10**6, "num_clips": 1, "timesteps": [500.0], "at_start": False}

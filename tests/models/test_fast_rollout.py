@@ -506,11 +506,12 @@ def test_the_query_cells_rotation_compiled_once_rolls_out_within_rounding():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_rope", [False, True], ids=["default", "rope"])
+@pytest.mark.parametrize("compile_rope", [True, False], ids=["default", "eager_rope"])
 def test_cuda_compiled_replica_under_graphs_stays_within_bf16_rounding(compile_rope):
-    """Stage 3's default fast path on CUDA: the compiled replica's forwards (``rope``: the query
-    cell's q/k rotation compiled too, ``rollout_compile_rope``) captured as CUDA graphs (the compile
-    runs in the capture's warm-up) against the eager replica, FSDP-like bf16 weights:
+    """Stage 3's default fast path on CUDA: the compiled replica's forwards (the KV attention's
+    RoPE rotations compiled too, ``rollout_compile_rope``; ``eager_rope`` without) captured as
+    CUDA graphs (the compile runs in the capture's warm-up) against the eager replica, FSDP-like
+    bf16 weights:
     the clip within bf16 rounding (relative max error printed; bound 2e-2), the graphs on and
     replayed, and a second rollout bit-identical to the first."""
     if not torch.cuda.is_available():
