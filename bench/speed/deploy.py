@@ -95,6 +95,8 @@ LEVERS = (
     "graphs_all_cstream_compile_fp8",
     "graphs_all_cstream_compile_fastdec_fp8",
     "graphs_all_cstream_compile_fastdec_fp8_fa4kv",
+    "graphs_all_cstream_compile_rope",
+    "graphs_all_cstream_compile_fastdec_fp8_rope",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -200,6 +202,10 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         **options["graphs_all_cstream_compile_fastdec_fp8"],
         "kv_attention": "fa4",
     }
+    # the CLI's default with the KV attention's other RoPE work compiled too (rope_compile: the
+    # query cell's q/k rotation in every block and forward, the keys' rotation while filling)
+    for base in ("graphs_all_cstream_compile_fastdec_fp8", "graphs_all_cstream_compile"):
+        options[f"{base}_rope"] = {**options[base], "rope_compile": True}
     return options[name]
 
 

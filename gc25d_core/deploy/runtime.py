@@ -76,6 +76,12 @@ class RuntimeOptions(Strict):
         default=False,
         description="the static cache's full-window key rotation as one compiled kernel (GPU)",
     )
+    rope_compile: bool = Field(
+        default=False,
+        description="the static cache's other RoPE work compiled (GPU): each block's rotation of the "
+        "query cell's q and k, and the keys' rotation while the window fills "
+        "(StaticKVCache.compile_query_rotation; stage 3's rollout_compile_rope). Within bf16 rounding",
+    )
     decode_graph: bool = Field(
         default=False, description="replay a CUDA graph of the steady-state cell decode (GPU)"
     )
@@ -315,6 +321,7 @@ class DeployRuntime:
             raise ValueError("commit_stream needs defer_commit (the commit runs beside the decode)")
         self.commit_stream = torch.cuda.Stream(self.device) if opts.commit_stream and self.cuda else None
         self._rotate_fn: Any = None
+        self._rope_fns: tuple[Any, Any] | None = None
         self.graphed: GraphedKVForward | None = None
         self.notes: list[str] = []
         inner: Any = model
@@ -534,6 +541,11 @@ class DeployRuntime:
                 cache.compile_rotation()
                 self._rotate_fn = cache.rotate_fn
             cache.rotate_fn = self._rotate_fn
+        if self.options.rope_compile and self.cuda and isinstance(cache, StaticKVCache):
+            if self._rope_fns is None:
+                cache.compile_query_rotation()
+                self._rope_fns = (cache.query_rotate_fn, cache.rotate_part_fn)
+            cache.query_rotate_fn, cache.rotate_part_fn = self._rope_fns
         self.cell = 1
         return self._decode(anchor.to(self.device))
 

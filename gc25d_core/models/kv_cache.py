@@ -323,10 +323,13 @@ class StaticKVCache(KVCache):
         rollout's unfused GPU work: docs/benchmarks/2026-12-07_stage3-profile_h100.md). With it the
         cached keys' rotation for a new query cell, at every fill level (a rollout of 21-27 cells
         spends most of its cells filling the window): one compile whose token count is symbolic,
-        where a compile per fill level would pass dynamo's recompile limit. The same arithmetic up
-        to the compiler's rounding."""
+        where a compile per fill level would pass dynamo's recompile limit; the full window's too,
+        unless ``compile_rotation`` gave it its own kernel. The same arithmetic up to the
+        compiler's rounding."""
         self.query_rotate_fn = torch.compile(rotate_query_cell, dynamic=False)
-        self.rotate_fn = self.rotate_part_fn = torch.compile(apply_rope, dynamic=True)
+        self.rotate_part_fn = torch.compile(apply_rope, dynamic=True)
+        if self.rotate_fn is apply_rope:
+            self.rotate_fn = self.rotate_part_fn
 
     def steady(self, cell: int) -> bool:
         """From ``cell`` on every forward has the same shapes and tables (full window, past the cap)."""

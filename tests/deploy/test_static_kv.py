@@ -141,6 +141,29 @@ def test_graph_runner_falls_back_to_eager_on_a_cpu():
     assert runner.replays == 0 and runner.disabled is None
 
 
+def test_the_rope_compiles_keep_the_full_windows_own_kernel():
+    """Deploy compiles the full window's key rotation for its one shape (``compile_rotation``) and
+    may add the rest (``compile_query_rotation``: the query cell's rotation, and the filling
+    window's through one symbolic compile) without replacing it; a stage-3 rollout, which has only
+    the latter, takes the symbolic compile for the full window too. Eager until asked."""
+    from gc25d_core.models.causal import apply_rope
+    from gc25d_core.models.kv_cache import rotate_query_cell
+
+    model = make_model(seed=0)
+    spec = CausalConfig(sink=1, window=3, rope_cap=4)
+    deploy = model.new_kv_cache(spec, LATENT_HW, static=True)
+    rollout = model.new_kv_cache(spec, LATENT_HW, static=True)
+    for c in (deploy, rollout):
+        assert c.rotate_fn is c.rotate_part_fn is apply_rope and c.query_rotate_fn is rotate_query_cell
+    deploy.compile_rotation()
+    full = deploy.rotate_fn
+    deploy.compile_query_rotation()
+    assert deploy.rotate_fn is full and deploy.rotate_part_fn not in (apply_rope, full)
+    assert deploy.query_rotate_fn is not rotate_query_cell
+    rollout.compile_query_rotation()
+    assert rollout.rotate_fn is rollout.rotate_part_fn is not apply_rope
+
+
 def test_static_cache_refuses_no_window():
     model = make_model(seed=0)
     with pytest.raises(ValueError, match="window"):
@@ -182,3 +205,32 @@ def test_cuda_session_replays_graphs_from_cell_1_with_the_exact_latents(tiny_exp
         assert rt.warmup_s > 0 and before > 0  # captured at load, before the session's first cell
         assert rt.graphed.replays - before == 5 * cells  # 4 denoise + 1 commit per cell, from cell 1
         assert torch.equal(graphed, exact)
+
+
+@pytest.mark.gpu
+def test_cuda_session_with_the_rope_compiled_stays_within_rounding(tiny_export, deploy_cfg):
+    """``rope_compile`` (the query cell's q/k rotation and the filling window's key rotation
+    compiled, beside ``rotate_compile``'s full-window kernel) on a graphed CUDA session: every
+    forward from cell 1 still replays a graph captured at load, the compiled functions are the
+    cache's, and the latents stay within rounding of the exact path past a full window and the cap
+    (relative max error printed)."""
+    from gc25d_core.models.causal import apply_rope
+    from gc25d_core.models.kv_cache import rotate_query_cell
+    from tests.deploy.rollout import cuda_session_cells
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cells = 26
+    exact, _, _ = cuda_session_cells(tiny_export, deploy_cfg, cells)
+    got, rt, before = cuda_session_cells(
+        tiny_export, deploy_cfg, cells, cuda_graphs=True, rotate_compile=True, rope_compile=True
+    )
+    cache = rt.streamer.cache
+    assert isinstance(cache, StaticKVCache)
+    assert cache.query_rotate_fn is not rotate_query_cell and cache.rotate_part_fn is not apply_rope
+    assert cache.rotate_fn is not cache.rotate_part_fn  # the full window keeps its own kernel
+    assert rt.graphed is not None and rt.graphed.disabled is None
+    assert rt.graphed.replays - before == 5 * cells
+    err = float((got - exact).abs().max() / exact.abs().max())
+    print(f"rope compiled vs exact: max rel {err:.2e}")
+    assert err <= 2e-2, err
