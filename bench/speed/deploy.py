@@ -95,8 +95,8 @@ LEVERS = (
     "graphs_all_cstream_compile_fp8",
     "graphs_all_cstream_compile_fastdec_fp8",
     "graphs_all_cstream_compile_fastdec_fp8_fa4kv",
-    "graphs_all_cstream_compile_rope",
-    "graphs_all_cstream_compile_fastdec_fp8_rope",
+    "graphs_all_cstream_compile_norope",
+    "graphs_all_cstream_compile_fastdec_fp8_norope",
 )
 # inductor on a CPU costs minutes of C++ builds, and CUDA graphs need CUDA: the rest are opt-in there
 CPU_LEVERS = ("exact", "fold", "defer", "vae_bf16_stream", "static")
@@ -138,7 +138,8 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
     stream = {"decode_dtype": "bf16", "decode_stream": cuda}
     graphs_all = {"cuda_graphs": True, "decode_fast": True, "decode_graph": True, "decode_dtype": "bf16"}
     cstream = {**graphs_all, "defer_commit": True, "commit_stream": True}
-    compiled = {"compile": True, "rotate_compile": True}
+    # the CLI's --compile: the block bodies, the full-window key rotation, the rest of the RoPE work
+    compiled = {"compile": True, "rotate_compile": True, "rope_compile": True}
     options: dict[str, dict[str, Any]] = {
         "exact": {},
         "compile": {"compile": True, "fused_rmsnorm": True},
@@ -172,7 +173,8 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
             **stream,
         },
         # the CLI's path with the block bodies compiled (attention eager: one compile for every
-        # fill level) and the full-window key rotation as one compiled kernel
+        # fill level), the full-window key rotation as one compiled kernel and the other rotations
+        # compiled (the query cell's q/k, the filling window's keys)
         "graphs_all_cstream_compile": {**cstream, **compiled},
         # issue 34: graphs_all with FP8 GEMMs in the blocks (models.fp8, on a copy of the bench's
         # model), and graphs with the fast decoder (random weights: its speed, not its picture)
@@ -202,10 +204,10 @@ def lever_options(name: str, cuda: bool) -> dict[str, Any]:
         **options["graphs_all_cstream_compile_fastdec_fp8"],
         "kv_attention": "fa4",
     }
-    # the CLI's default with the KV attention's other RoPE work compiled too (rope_compile: the
-    # query cell's q/k rotation in every block and forward, the keys' rotation while filling)
+    # the CLI's paths with the KV attention's RoPE work eager but the full window's key rotation
+    # (rope_compile off: the CLI's default before 2026-12-07)
     for base in ("graphs_all_cstream_compile_fastdec_fp8", "graphs_all_cstream_compile"):
-        options[f"{base}_rope"] = {**options[base], "rope_compile": True}
+        options[f"{base}_norope"] = {**options[base], "rope_compile": False}
     return options[name]
 
 

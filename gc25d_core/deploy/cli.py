@@ -213,6 +213,7 @@ def runtime_options(args: argparse.Namespace, cuda: bool) -> RuntimeOptions:
         commit_stream=beside,
         compile=compiled,
         rotate_compile=compiled and cuda,
+        rope_compile=compiled and cuda,
         cuda_graphs=args.cuda_graphs or fast,
         decode_dtype="bf16" if decode_fast else "fp32",
         decode_fast=decode_fast,

@@ -78,9 +78,10 @@ class RuntimeOptions(Strict):
     )
     rope_compile: bool = Field(
         default=False,
-        description="the static cache's other RoPE work compiled (GPU): each block's rotation of the "
-        "query cell's q and k, and the keys' rotation while the window fills "
-        "(StaticKVCache.compile_query_rotation; stage 3's rollout_compile_rope). Within bf16 rounding",
+        description="the static cache's other RoPE work compiled (GPU; the CLI's default with "
+        "--compile): each block's rotation of the query cell's q and k, and the keys' rotation while "
+        "the window fills (StaticKVCache.compile_query_rotation; stage 3's rollout_compile_rope). "
+        "Within bf16 rounding",
     )
     decode_graph: bool = Field(
         default=False, description="replay a CUDA graph of the steady-state cell decode (GPU)"

@@ -109,13 +109,14 @@ def test_the_fast_path_is_the_default_on_cuda_and_exact_selects_the_oracle():
     assert fast.cuda_graphs and fast.decode_fast and fast.decode_dtype == "bf16" and not fast.decode_stream
     assert fast.decode_graph  # bench lever graphs_all_cstream_compile: the fastest measured
     assert fast.defer_commit and fast.commit_stream and not fast.fold_commit
-    assert fast.compile and fast.rotate_compile
+    assert fast.compile and fast.rotate_compile and fast.rope_compile
     uncompiled = opts("--no-compile", cuda=True)  # graphs_all_cstream: the exact path's latents
-    assert not uncompiled.compile and not uncompiled.rotate_compile and uncompiled.cuda_graphs
+    assert not uncompiled.compile and not uncompiled.rotate_compile and not uncompiled.rope_compile
+    assert uncompiled.cuda_graphs
     with pytest.raises(ValueError, match="--exact contradicts --compile"):
         opts("--exact", "--compile", cuda=True)
     exact = opts("--exact", cuda=True)
-    assert not exact.compile and not exact.rotate_compile
+    assert not exact.compile and not exact.rotate_compile and not exact.rope_compile
     assert not exact.cuda_graphs and not exact.decode_fast and exact.decode_dtype == "fp32"
     assert not exact.decode_graph and not exact.defer_commit and not exact.commit_stream
     assert opts(cuda=False) == exact  # a CPU runs the exact path
