@@ -321,8 +321,9 @@ class DeployRuntime:
         if opts.commit_stream and not opts.defer_commit:
             raise ValueError("commit_stream needs defer_commit (the commit runs beside the decode)")
         self.commit_stream = torch.cuda.Stream(self.device) if opts.commit_stream and self.cuda else None
-        self._rotate_fn: Any = None
-        self._rope_fns: tuple[Any, Any] | None = None
+        # the static cache's compiled rotations (full window, filling window, query cell), compiled
+        # once and handed to every cache a session builds
+        self._rope_fns: tuple[Any, Any, Any] | None = None
         self.graphed: GraphedKVForward | None = None
         self.notes: list[str] = []
         inner: Any = model
@@ -537,16 +538,15 @@ class DeployRuntime:
         self.generator.manual_seed(self.options.seed)
         self.streamer.start(anchor.to(self.device, self.dtype), self.text_of(key0), self._ids(ids0, 1))
         cache = self.streamer.cache
-        if self.options.rotate_compile and self.cuda and isinstance(cache, StaticKVCache):
-            if self._rotate_fn is None:
-                cache.compile_rotation()
-                self._rotate_fn = cache.rotate_fn
-            cache.rotate_fn = self._rotate_fn
-        if self.options.rope_compile and self.cuda and isinstance(cache, StaticKVCache):
+        opts = self.options
+        if (opts.rotate_compile or opts.rope_compile) and self.cuda and isinstance(cache, StaticKVCache):
             if self._rope_fns is None:
-                cache.compile_query_rotation()
-                self._rope_fns = (cache.query_rotate_fn, cache.rotate_part_fn)
-            cache.query_rotate_fn, cache.rotate_part_fn = self._rope_fns
+                if opts.rotate_compile:
+                    cache.compile_rotation()
+                if opts.rope_compile:
+                    cache.compile_query_rotation()
+                self._rope_fns = (cache.rotate_fn, cache.rotate_part_fn, cache.query_rotate_fn)
+            cache.rotate_fn, cache.rotate_part_fn, cache.query_rotate_fn = self._rope_fns
         self.cell = 1
         return self._decode(anchor.to(self.device))
 

@@ -293,7 +293,7 @@ class RolloutRunner:
             # window fill level. Not bit-identical to the training forward: within bf16 rounding.
             replica.enable_compile(eager_attention=True)
         self.compiled = compile
-        # the query cell's q/k rotation in the eager attention (StaticKVCache.compile_query_rotation)
+        # the eager KV attention's RoPE rotations compiled (StaticKVCache.compile_query_rotation)
         self.compile_rope = compile and compile_rope
         self.model, self.mode, self.device = replica, mode, device
         self.use_graphs = graphs and device.type == "cuda"
