@@ -171,3 +171,38 @@ def test_streaming_decoder_graph_option_stays_eager_on_a_cpu_with_the_same_frame
             got.push(z[:, :, i : i + 1]), ref.push(z[:, :, i : i + 1]), rtol=0, atol=1e-5
         )
     assert got.replays == 0 and got.graph_disabled is None
+
+
+def test_speed_up_vae_on_a_cpu_lays_out_the_decoder_alone(tiny_cfg):
+    """On a CPU the channels-last weights are the decoder's: the encode of a batch of clips stays bit
+    for bit (oneDNN's channels-last kernels would move it by rounding) and the streamed decode stays
+    within fp32 rounding; with the option off nothing is laid out."""
+    import copy
+
+    from gc25d_core.models.vae import StreamingDecoder, speed_up_vae
+
+    torch.manual_seed(0)
+    base = build_vae(tiny=True)
+    off = speed_up_vae(
+        copy.deepcopy(base),
+        tiny_cfg.model_copy(update={"vae": tiny_cfg.vae.model_copy(update={"channels_last_3d": False})}),
+        torch.device("cpu"),
+    )
+    on = speed_up_vae(copy.deepcopy(base), tiny_cfg, torch.device("cpu"))
+
+    def laid_out(module: torch.nn.Module) -> list[bool]:
+        return [
+            m.weight.is_contiguous(memory_format=torch.channels_last_3d) and not m.weight.is_contiguous()
+            for m in module.modules()
+            if isinstance(m, torch.nn.Conv3d) and m.kernel_size != (1, 1, 1)
+        ]
+
+    assert laid_out(on.model.decoder) and all(laid_out(on.model.decoder))
+    assert not any(laid_out(on.model.encoder)) and not any(laid_out(off.model.decoder))
+    video = torch.rand(2, 3, 17, 64, 128) * 2 - 1
+    assert torch.equal(encode_video(on, video), encode_video(off, video))
+    z = torch.randn(2, 48, 6, 4, 8)
+    streams = StreamingDecoder(on), StreamingDecoder(off)
+    for k in range(6):
+        got, want = (s.push(z[:, :, k : k + 1]) for s in streams)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
