@@ -347,7 +347,7 @@ class VaeConfig(Strict):
     channels_last_3d: bool = Field(
         default=True,
         description="NDHWC conv weights (GPU: all, the same numerics, 1.3x faster encode on H200; CPU: the "
-        "decoder's, a third faster decode within fp32 rounding)",
+        "decoder's, the eval's batched decode a third faster within fp32 rounding)",
     )
     lean_ops: bool = Field(
         default=True,

@@ -213,9 +213,10 @@ def to_channels_last_3d(vae: torch.nn.Module) -> None:
 
 def speed_up_vae(vae: WanVideoVAE38, cfg: Gc25dConfig, device: torch.device) -> WanVideoVAE38:
     """The speed options of ``cfg.vae`` that keep the SPEC's numerics (fp32, TF32 convs). On a CPU
-    the channels-last weights are the decoder's alone: there they make the decode (its lean RMS
-    norms then the fused kernel) about a third faster within fp32 rounding, while the encode, which
-    makes the training data, would move by rounding for a batch of clips (oneDNN's other kernels)."""
+    the channels-last weights are the decoder's alone: the eval's decode (two rows a batch, one
+    thread a rank) is then about a third faster within fp32 rounding, its lean RMS norms taking the
+    fused kernel (one row, or two threads: no change; bench/speed/fast_decoder.py --vae-layouts);
+    the encode, which makes the training data, would move by rounding for a batch of clips."""
     if cfg.vae.lean_ops:
         lean_vae_ops(vae)
     if cfg.vae.channels_last_3d:
