@@ -5,8 +5,8 @@ Random weights (speed does not depend on them). Prints one JSON object.
     python -m bench.speed.fast_decoder --device cuda --dims full      # 832x480, latent 30x52 (target <= 15 ms)
     python -m bench.speed.fast_decoder --device cpu --dims tiny
     python -m bench.speed.fast_decoder --device cpu --dims tiny --widths '' --vae-layouts --threads 1
-        # the VAE's fp32 decode as the config lays it out (models.vae.speed_up_vae), the channels-last
-        # option off and on, one row and two (eval's live decode): on a CPU the decoder's alone
+        # the VAE's fp32 decode, one row and two (eval's live decode): the lean ops alone, the decoder's
+        # weights channels-last, and the default (models.vae.speed_up_vae; on a CPU the decoder's alone)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--vae-layouts",
         action="store_true",
-        help="time the VAE's fp32 streaming decode as speed_up_vae lays it out, vae.channels_last_3d off and on",
+        help="time the VAE's fp32 streaming decode: the lean ops alone, the decoder channels-last, the default",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads on a CPU (0: torch's default)")
     args = p.parse_args(argv)
@@ -89,39 +89,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 @torch.no_grad()
 def vae_layouts(dev: torch.device, hw: tuple[int, int], cells: int) -> dict[str, Any]:
     """ms per cell of the VAE's fp32 streaming decode (tiny random weights: speed does not depend on
-    them) through ``speed_up_vae`` with ``vae.channels_last_3d`` off and on, for 1 and 2 rows; the
-    layouts timed in turn, twice, the lower median kept; the frames' max difference over 4 cells."""
+    them), 1 and 2 rows: ``lean`` (the lean ops alone), ``lean_cl`` (the decoder's weights
+    channels-last), ``default`` (``speed_up_vae`` as the config has it: on a CPU also the decoder's
+    convolutions on oneDNN for a single clip). Timed in turn, twice, the lower median kept; each
+    variant's frames against ``lean``'s over 4 cells (max abs difference)."""
     import copy
 
     from gc25d_core.config import load_config
     from gc25d_core.models.fast_decoder import time_cells
-    from gc25d_core.models.vae import StreamingDecoder, build_vae, speed_up_vae
+    from gc25d_core.models.vae import (
+        StreamingDecoder,
+        build_vae,
+        lean_vae_ops,
+        speed_up_vae,
+        to_channels_last_3d,
+    )
 
     cfg = load_config("tiny")
     torch.manual_seed(0)
     base = build_vae(tiny=True, device="cpu").to(dev)
-    vaes = {
-        on: speed_up_vae(
-            copy.deepcopy(base),
-            cfg.model_copy(update={"vae": cfg.vae.model_copy(update={"channels_last_3d": on})}),
-            dev,
-        )
-        for on in (False, True)
-    }
+    lean = lean_vae_ops(copy.deepcopy(base))
+    lean_cl = copy.deepcopy(lean)
+    to_channels_last_3d(lean_cl.model.decoder)
+    to_channels_last_3d(lean_cl.model.conv2)
+    vaes = {"lean": lean, "lean_cl": lean_cl, "default": speed_up_vae(copy.deepcopy(base), cfg, dev)}
     out: dict[str, Any] = {"threads": torch.get_num_threads()}
     for rows in (1, 2):
         z = torch.randn(rows, base.z_dim, 1, *hw, generator=torch.Generator().manual_seed(rows)).to(dev)
-        times: dict[bool, list[float]] = {False: [], True: []}
+        times: dict[str, list[float]] = {name: [] for name in vaes}
         for _ in range(2):
-            for on, vae in vaes.items():
+            for name, vae in vaes.items():
                 dec = StreamingDecoder(vae)
-                times[on].append(1e3 * time_cells(lambda d=dec, x=z: d.push(x), dev, cells, warmup=3))
-        streams = [StreamingDecoder(v) for v in vaes.values()]
-        frames = [torch.cat([d.push(z) for _ in range(4)], dim=2) for d in streams]
+                times[name].append(1e3 * time_cells(lambda d=dec, x=z: d.push(x), dev, cells, warmup=3))
+        frames = {
+            name: torch.cat([d.push(z) for _ in range(4)], dim=2)
+            for name, d in ((n, StreamingDecoder(v)) for n, v in vaes.items())
+        }
         out[f"rows_{rows}"] = {
-            "ms_per_cell_contiguous": min(times[False]),
-            "ms_per_cell_channels_last": min(times[True]),
-            "max_abs_diff": float((frames[0] - frames[1]).abs().max()),
+            name: {
+                "ms_per_cell": min(times[name]),
+                "max_abs_diff": float((frames[name] - frames["lean"]).abs().max()),
+            }
+            for name in vaes
         }
         print(f"[vae_layouts] {rows} row(s): {out[f'rows_{rows}']}", file=sys.stderr, flush=True)
     return out

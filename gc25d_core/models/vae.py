@@ -95,9 +95,27 @@ class LeanCausalConv3d(CausalConv3d):
                 buf[:, :, n_zero : n_zero + n_cache].copy_(cache_x)
             buf[:, :, n_zero + n_cache :].copy_(x)
             x = buf
+        return self._conv3d(x, (0, pad_h, pad_w))
+
+    def _conv3d(self, x: torch.Tensor, padding: tuple[int, int, int]) -> torch.Tensor:
         return torch.nn.functional.conv3d(
-            x, self.weight, self.bias, self.stride, (0, pad_h, pad_w), self.dilation, self.groups
+            x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups
         )
+
+
+class OneDnnCausalConv3d(LeanCausalConv3d):
+    """``LeanCausalConv3d`` whose convolution on a CPU is always oneDNN's. For a single clip PyTorch
+    picks its native conv3d by a size rule (batch 1 and a small channels × frames × height), and on
+    the tiny VAE's decoder that kernel is about 3× slower than oneDNN's
+    (``bench/speed/fast_decoder.py --vae-layouts``); a batch of two already takes oneDNN's. The same
+    results up to fp32 rounding. Written by hand: PyTorch has no switch for that choice."""
+
+    def _conv3d(self, x: torch.Tensor, padding: tuple[int, int, int]) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            return torch.ops.aten.mkldnn_convolution(
+                x, self.weight, self.bias, list(padding), list(self.stride), list(self.dilation), self.groups
+            )
+        return super()._conv3d(x, padding)
 
 
 class LeanRMSNorm(RMS_norm):
@@ -213,18 +231,30 @@ def to_channels_last_3d(vae: torch.nn.Module) -> None:
 
 def speed_up_vae(vae: WanVideoVAE38, cfg: Gc25dConfig, device: torch.device) -> WanVideoVAE38:
     """The speed options of ``cfg.vae`` that keep the SPEC's numerics (fp32, TF32 convs). On a CPU
-    the channels-last weights are the decoder's alone: the eval's decode (two rows a batch, one
-    thread a rank) is then about a third faster within fp32 rounding, its lean RMS norms taking the
-    fused kernel (one row, or two threads: no change; bench/speed/fast_decoder.py --vae-layouts);
-    the encode, which makes the training data, would move by rounding for a batch of clips."""
+    they touch the decoder alone, within fp32 rounding (bench/speed/fast_decoder.py --vae-layouts):
+    its lean convolutions are oneDNN's for a single clip too (``OneDnnCausalConv3d``), and its
+    channels-last weights let the lean RMS norms take the fused kernel. The encode, which makes the
+    training data, would move by rounding under either, so it keeps its kernels."""
     if cfg.vae.lean_ops:
         lean_vae_ops(vae)
+        if device.type == "cpu":
+            decoder_on_onednn(vae)
     if cfg.vae.channels_last_3d:
         if device.type == "cuda":
             to_channels_last_3d(vae)
         else:
             to_channels_last_3d(vae.model.decoder)
             to_channels_last_3d(vae.model.conv2)
+    return vae
+
+
+def decoder_on_onednn(vae: WanVideoVAE38) -> WanVideoVAE38:
+    """The decoder's lean causal convolutions as ``OneDnnCausalConv3d`` (in place; weights and keys
+    unchanged)."""
+    for part in (vae.model.conv2, vae.model.decoder):
+        for m in part.modules():
+            if type(m) is LeanCausalConv3d:
+                m.__class__ = OneDnnCausalConv3d
     return vae
 
 

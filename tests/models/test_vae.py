@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -173,36 +175,61 @@ def test_streaming_decoder_graph_option_stays_eager_on_a_cpu_with_the_same_frame
     assert got.replays == 0 and got.graph_disabled is None
 
 
-def test_speed_up_vae_on_a_cpu_lays_out_the_decoder_alone(tiny_cfg):
-    """On a CPU the channels-last weights are the decoder's: the encode of a batch of clips stays bit
-    for bit (oneDNN's channels-last kernels would move it by rounding) and the streamed decode stays
-    within fp32 rounding; with the option off nothing is laid out."""
+def test_speed_up_vae_on_a_cpu_changes_the_decoder_alone(tiny_cfg):
+    """On a CPU the decoder's lean convolutions become oneDNN's (PyTorch's own rule sends a single
+    clip to its slower native conv3d) with channels-last weights, and nothing else: the encode of a
+    batch of clips stays bit for bit (either change would move it by rounding), the streamed decode
+    of one row and of two stays within fp32 rounding of the lean decoder's, and a single row's
+    decode no longer runs the native kernel; with the options off nothing changes."""
     import copy
 
-    from gc25d_core.models.vae import StreamingDecoder, speed_up_vae
+    from torch.profiler import profile
+
+    from gc25d_core.models.vae import LeanCausalConv3d, OneDnnCausalConv3d, StreamingDecoder, speed_up_vae
 
     torch.manual_seed(0)
     base = build_vae(tiny=True)
-    off = speed_up_vae(
-        copy.deepcopy(base),
-        tiny_cfg.model_copy(update={"vae": tiny_cfg.vae.model_copy(update={"channels_last_3d": False})}),
-        torch.device("cpu"),
+    lean = lean_vae_ops_copy(base)
+    off_cfg = tiny_cfg.model_copy(
+        update={"vae": tiny_cfg.vae.model_copy(update={"channels_last_3d": False, "lean_ops": False})}
     )
+    off = speed_up_vae(copy.deepcopy(base), off_cfg, torch.device("cpu"))
     on = speed_up_vae(copy.deepcopy(base), tiny_cfg, torch.device("cpu"))
 
-    def laid_out(module: torch.nn.Module) -> list[bool]:
-        return [
-            m.weight.is_contiguous(memory_format=torch.channels_last_3d) and not m.weight.is_contiguous()
-            for m in module.modules()
-            if isinstance(m, torch.nn.Conv3d) and m.kernel_size != (1, 1, 1)
-        ]
+    def convs(module: torch.nn.Module) -> list[torch.nn.Conv3d]:
+        return [m for m in module.modules() if isinstance(m, torch.nn.Conv3d) and m.kernel_size != (1, 1, 1)]
 
-    assert laid_out(on.model.decoder) and all(laid_out(on.model.decoder))
-    assert not any(laid_out(on.model.encoder)) and not any(laid_out(off.model.decoder))
+    def laid_out(m: torch.nn.Conv3d) -> bool:
+        return m.weight.is_contiguous(memory_format=torch.channels_last_3d) and not m.weight.is_contiguous()
+
+    assert convs(on.model.decoder) and all(
+        type(m) is OneDnnCausalConv3d and laid_out(m) for m in convs(on.model.decoder)
+    )
+    assert all(type(m) is LeanCausalConv3d and not laid_out(m) for m in convs(on.model.encoder))
+    assert not any(type(m) is OneDnnCausalConv3d or laid_out(m) for m in convs(off.model))
     video = torch.rand(2, 3, 17, 64, 128) * 2 - 1
-    assert torch.equal(encode_video(on, video), encode_video(off, video))
-    z = torch.randn(2, 48, 6, 4, 8)
-    streams = StreamingDecoder(on), StreamingDecoder(off)
-    for k in range(6):
-        got, want = (s.push(z[:, :, k : k + 1]) for s in streams)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert torch.equal(encode_video(on, video), encode_video(lean, video))
+    for rows in (1, 2):
+        z = torch.randn(rows, 48, 6, 4, 8)
+        streams = StreamingDecoder(on), StreamingDecoder(lean)
+        for k in range(6):
+            got, want = (s.push(z[:, :, k : k + 1]) for s in streams)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+    def kernels(vae: Any) -> set[str]:
+        stream = StreamingDecoder(vae)
+        stream.push(torch.randn(1, 48, 1, 4, 8))
+        with profile() as prof:
+            stream.push(torch.randn(1, 48, 1, 4, 8))
+        return {e.key for e in prof.key_averages()}
+
+    assert "aten::slow_conv3d_forward" in kernels(lean)  # why: PyTorch's rule for a single clip
+    assert "aten::slow_conv3d_forward" not in kernels(on)
+
+
+def lean_vae_ops_copy(vae: Any) -> Any:
+    import copy
+
+    from gc25d_core.models.vae import lean_vae_ops
+
+    return lean_vae_ops(copy.deepcopy(vae))
