@@ -100,6 +100,7 @@ def vae_layouts(dev: torch.device, hw: tuple[int, int], cells: int) -> dict[str,
     from gc25d_core.models.vae import (
         StreamingDecoder,
         build_vae,
+        decoder_parts,
         lean_vae_ops,
         speed_up_vae,
         to_channels_last_3d,
@@ -110,8 +111,8 @@ def vae_layouts(dev: torch.device, hw: tuple[int, int], cells: int) -> dict[str,
     base = build_vae(tiny=True, device="cpu").to(dev)
     lean = lean_vae_ops(copy.deepcopy(base))
     lean_cl = copy.deepcopy(lean)
-    to_channels_last_3d(lean_cl.model.decoder)
-    to_channels_last_3d(lean_cl.model.conv2)
+    for part in decoder_parts(lean_cl):
+        to_channels_last_3d(part)
     vaes = {"lean": lean, "lean_cl": lean_cl, "default": speed_up_vae(copy.deepcopy(base), cfg, dev)}
     out: dict[str, Any] = {"threads": torch.get_num_threads()}
     for rows in (1, 2):

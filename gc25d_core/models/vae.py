@@ -243,15 +243,20 @@ def speed_up_vae(vae: WanVideoVAE38, cfg: Gc25dConfig, device: torch.device) -> 
         if device.type == "cuda":
             to_channels_last_3d(vae)
         else:
-            to_channels_last_3d(vae.model.decoder)
-            to_channels_last_3d(vae.model.conv2)
+            for part in decoder_parts(vae):
+                to_channels_last_3d(part)
     return vae
+
+
+def decoder_parts(vae: WanVideoVAE38) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The modules the decode runs (the latent's 1x1x1 conv, then the decoder), none the encode does."""
+    return vae.model.conv2, vae.model.decoder
 
 
 def decoder_on_onednn(vae: WanVideoVAE38) -> WanVideoVAE38:
     """The decoder's lean causal convolutions as ``OneDnnCausalConv3d`` (in place; weights and keys
     unchanged)."""
-    for part in (vae.model.conv2, vae.model.decoder):
+    for part in decoder_parts(vae):
         for m in part.modules():
             if type(m) is LeanCausalConv3d:
                 m.__class__ = OneDnnCausalConv3d

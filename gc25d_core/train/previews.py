@@ -194,7 +194,7 @@ def sft_preview(run_dir: Path | str, cfg: Gc25dConfig, t_req: float = 500.0) -> 
         if pred is None:
             return out
         vae = build_vae_for(cfg, torch.device("cpu"))
-        # one batch of the two: on a CPU two rows decode in less time than one (oneDNN's kernels)
+        # the two as one batch: one pass through the decoder's layers instead of two
         truth, guess = (
             video_to_frames(v) for v in decode_video(vae, torch.stack([pred["x0"], pred["x0_hat"]]))
         )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
@@ -185,11 +183,17 @@ def test_speed_up_vae_on_a_cpu_changes_the_decoder_alone(tiny_cfg):
 
     from torch.profiler import profile
 
-    from gc25d_core.models.vae import LeanCausalConv3d, OneDnnCausalConv3d, StreamingDecoder, speed_up_vae
+    from gc25d_core.models.vae import (
+        LeanCausalConv3d,
+        OneDnnCausalConv3d,
+        StreamingDecoder,
+        lean_vae_ops,
+        speed_up_vae,
+    )
 
     torch.manual_seed(0)
     base = build_vae(tiny=True)
-    lean = lean_vae_ops_copy(base)
+    lean = lean_vae_ops(copy.deepcopy(base))
     off_cfg = tiny_cfg.model_copy(
         update={"vae": tiny_cfg.vae.model_copy(update={"channels_last_3d": False, "lean_ops": False})}
     )
@@ -216,7 +220,7 @@ def test_speed_up_vae_on_a_cpu_changes_the_decoder_alone(tiny_cfg):
             got, want = (s.push(z[:, :, k : k + 1]) for s in streams)
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
-    def kernels(vae: Any) -> set[str]:
+    def kernels(vae: torch.nn.Module) -> set[str]:
         stream = StreamingDecoder(vae)
         stream.push(torch.randn(1, 48, 1, 4, 8))
         with profile() as prof:
@@ -225,11 +229,3 @@ def test_speed_up_vae_on_a_cpu_changes_the_decoder_alone(tiny_cfg):
 
     assert "aten::slow_conv3d_forward" in kernels(lean)  # why: PyTorch's rule for a single clip
     assert "aten::slow_conv3d_forward" not in kernels(on)
-
-
-def lean_vae_ops_copy(vae: Any) -> Any:
-    import copy
-
-    from gc25d_core.models.vae import lean_vae_ops
-
-    return lean_vae_ops(copy.deepcopy(vae))
