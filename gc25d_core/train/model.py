@@ -30,6 +30,10 @@ def set_determinism(enabled: bool, seed: int) -> None:
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+        # no op here reads memory it did not write, so the NaN fill of every torch.empty (a debug
+        # aid that comes with deterministic mode) changes no result; on a CPU it is a quarter of a
+        # tiny model's step
+        torch.utils.deterministic.fill_uninitialized_memory = False
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
 

@@ -237,6 +237,36 @@ def test_plain_torch_engine_resumes_exactly(world, tmp_path, one_thread):
     assert not (tmp_path / "part" / FINAL).exists() and not (tmp_path / "part" / TEACHER).exists()
 
 
+def test_deterministic_steps_are_the_same_without_the_nan_fill_of_new_memory(
+    world, tmp_path, one_thread, monkeypatch
+):
+    """Deterministic mode skips its NaN fill of every ``torch.empty`` (set_determinism): the fill
+    only shows reads of memory no op wrote, and the weights after some steps are the same with it."""
+    import gc25d_core.train.loop as loop
+    from gc25d_core.train.model import set_determinism
+
+    was = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    sft = {**BENCH_SFT, "max_steps": 3, "deterministic": True, "state_final": True}
+    cfg = with_sft(world, "tiny", sft)
+
+    def with_fill(enabled: bool, seed: int) -> None:
+        set_determinism(enabled, seed)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+
+    try:
+        run_stage(cfg, "sft", tmp_path / "lean", StdoutReporter(rank=0))
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.utils.deterministic.fill_uninitialized_memory
+        monkeypatch.setattr(loop, "set_determinism", with_fill)
+        run_stage(cfg, "sft", tmp_path / "filled", StdoutReporter(rank=0))
+    finally:
+        torch.use_deterministic_algorithms(was[0])
+        torch.utils.deterministic.fill_uninitialized_memory = was[1]
+    a = torch.load(tmp_path / "lean/state/step-000003/model.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "filled/state/step-000003/model.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_step_that_crosses_an_epoch_marks_each_sample_in_its_own_epoch(world, tmp_path):
     """Regression: an epoch budget that is not a multiple of grad_accum ends the epoch inside an
     optimizer step. The step's first micro-batches belong to the closing epoch; marking them
