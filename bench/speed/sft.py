@@ -15,6 +15,8 @@ the formula of plain_zero2.py (s = 8190 tokens, P_blocks = parameters under ``bl
 Usage: python3 -m bench.speed.sft --root /tmp/sftb --nproc 2 --steps 20 \\
            --variants nockpt_fused,ckpt4_fused [--plain-steps 10]
        python3 -m bench.speed.sft --tiny --nproc 2 --steps 4   # CPU smoke (tiny preset, gloo)
+       python3 -m bench.speed.sft --tiny --nproc 2 --steps 60 --warm 5 --plain-steps 0 \\
+           --variants v10,v10+nanfill --repeat 2   # the tiny preset's SFT with and without the NaN fill
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from bench.common import (
 TEXT_LEN = 512
 FUSED = {"fused_rmsnorm": True}
 ENV = "_env"  # a variant's environment additions (not an sft override)
+ENTRY = "_entry"  # a module that runs the job module (its name, then the job's arguments) for a variant
 PROFILED_STEPS = 2
 COMPILED = {"gradient_checkpointing": False, "compile": True, "overrides": FUSED}  # v10's model (per token)
 CTAS_BUCKETS = {"reduce_bucket_size": 200_000_000}
@@ -104,6 +107,9 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     # more recomputation than CKPT_1GPU (for v10_1gpu*, should that not fit one GPU)
     "ckpt20": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": 20}},
     "ckptall": {"model": {"gradient_checkpointing": True, "checkpoint_blocks": None}},
+    # deterministic mode's NaN fill of every new tensor, which set_determinism turns off (the
+    # presets with deterministic: true, e.g. --tiny)
+    "nanfill": {ENTRY: "bench.probes.with_nan_fill"},
 }
 
 
@@ -251,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         label = name if args.repeat == 1 else f"{name}.r{rep}"
         extra = variant(name)
         venv = {**env, **extra.pop(ENV, {})}
+        job = [extra.pop(ENTRY), "gc25d_core.jobs.sft"] if ENTRY in extra else ["gc25d_core.jobs.sft"]
         if args.fa4_path and extra.get("model", {}).get("attn_backend") == "fa4":
             venv["PYTHONPATH"] = os.pathsep.join(x for x in (args.fa4_path, env.get("PYTHONPATH")) if x)
         if args.profile:  # steady-state steps, run after the measured ones
@@ -264,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         log = out / f"sft_{label}.log"
         rc, wall = torchrun(
             args.nproc,
-            ["-m", "gc25d_core.jobs.sft", "--config", str(config), "--run-dir", str(run_dir), "--fresh"],
+            ["-m", *job, "--config", str(config), "--run-dir", str(run_dir), "--fresh"],
             log,
             venv,
         )
@@ -284,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
             variant=name,
             repeat=rep,
             engine=vcfg.sft.engine,
+            deterministic=vcfg.sft.deterministic,
+            nan_fill=len(job) > 1 and vcfg.sft.deterministic,
             zero_via=vcfg.sft.zero.via,
             checkpointing=[vcfg.sft.model.gradient_checkpointing, vcfg.sft.model.checkpoint_blocks],
             **res,

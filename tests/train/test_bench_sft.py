@@ -31,6 +31,7 @@ def test_v10_variant_is_the_preset_and_named_variants_keep_their_measured_settin
     assert preset["zero"]["overlap_comm"] is False
     assert bench.variant("v10") == {}
     assert bench.variant("v10+fa4") == {"model": {"attn_backend": "fa4"}}
+    assert bench.variant("v10+nanfill") == {bench.ENTRY: "bench.probes.with_nan_fill"}
     plain = bench.variant("nockpt_fused_compile")
     assert plain["model"]["overrides"]["per_cell_time"] is False
     assert plain["zero"]["overlap_comm"] is True
