@@ -66,6 +66,12 @@ class WorldConfig(Strict):
         "auto: torch on a GPU, numpy on a CPU (the same ids; numpy is the faster one there)",
     )
 
+    def ids_renderer(self, device: Any) -> Literal["torch", "numpy"]:
+        """The renderer a world on ``device`` draws its ids with (``renderer`` with auto resolved)."""
+        if self.renderer != "auto":
+            return self.renderer
+        return "torch" if torch.device(device).type == "cuda" else "numpy"
+
     def run_spec(self) -> RunSpec:
         if self.style not in STYLES:
             raise ValueError(f"world.style={self.style!r} is not one of {sorted(STYLES)}")
@@ -131,9 +137,7 @@ class LiveWorld:
         self.memory = SeenMemory(cfg.seen_cell_cm)
         self.torch: TorchWorldRenderer | None = None
         self.grid: SeenGrid | None = None
-        self.renderer = cfg.renderer
-        if self.renderer == "auto":
-            self.renderer = "torch" if torch.device(device).type == "cuda" else "numpy"
+        self.renderer = cfg.ids_renderer(device)
         if self.renderer == "torch":
             self.torch = TorchWorldRenderer(geometry, device, dtype, cfg.seen_cell_cm)
             self.grid = SeenGrid(self.torch.n, self.torch.device)

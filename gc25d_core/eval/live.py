@@ -173,6 +173,19 @@ class LiveBackend(Protocol):
         ``ids0``, ``anchor_latent``, ``runtime.decode_rows(latents)`` (``deploy.session.LiveSession``)."""
         ...
 
+    @property
+    def keeps_cells(self) -> bool:
+        """The sessions replay cells kept by their actions (``draw_cells`` / ``keep_cells`` apply)."""
+        ...
+
+    def draw_cells(self, blocks: Sequence[np.ndarray]) -> np.ndarray:
+        """The cells' ids a session's world draws for ``blocks`` (an array to share with other ranks)."""
+        ...
+
+    def keep_cells(self, blocks: Sequence[np.ndarray], ids: np.ndarray) -> None:
+        """Hand ``draw_cells(blocks)`` to this process's sessions."""
+        ...
+
     def states(self, blocks: Sequence[np.ndarray]) -> list[Any]:
         """The world's frame states: frame 0, then 4 per block (``.camera.eye`` / ``.camera.yaw``)."""
         ...

@@ -7,9 +7,13 @@ frames f ≡ rank mod world into one memory-mapped file of the run folder; a lon
 process pool beside the sessions, see ``Truths``); a rank that needs the truth waits until every
 rank has drawn its share, not until every rank asks for it. The VAE encodes it once, on the
 least loaded rank that scores an own rollout, for the others (``Truths.share_encodes``; on a long
-truth drawn beside the sessions each such rank encodes it). A rank loads an export once and plays its tasks of it in turn
-(``LiveSession.start`` resets the world, the cache and the noise). Rank 0 gathers the scored
-rollouts (per-frame numbers, a few frames) and assembles each (export, sweep) row.
+truth drawn beside the sessions each such rank encodes it). Where the sessions replay kept cells of
+ids (a CPU's numpy renderer, ``jobs.eval_live.KeptCellsWorld``), the own and the other session's
+cells are drawn once per job too, each by one rank before the sessions (``Truths.keep_cells``):
+every export plays both, and otherwise each rank's first export drew them all again. A rank loads
+an export once and plays its tasks of it in turn (``LiveSession.start`` resets the world, the
+cache and the noise). Rank 0 gathers the scored rollouts (per-frame numbers, a few frames) and
+assembles each (export, sweep) row.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from gc25d_core.eval.live_score import FRAME_METRICS, assemble_live, score_rollo
 from gc25d_core.eval.spec import EvalExport
 
 Task = tuple[str, str, tuple[str, ...]]  # (export label, sweep, rollout kinds played as one task)
+# the sessions every export plays whole: their cells of ids drawn once per job (``Truths``)
+SHARED_CELLS = ("other", "own")
 # the own and the other session have one length: played by one session, decoded as one batch
 TASK_KINDS: tuple[tuple[str, ...], ...] = (("own", "other"), ("changed",))
 
@@ -85,15 +91,26 @@ class Truths:
         self.drawn_marks = [run_dir / "live" / f"truth_drawn.rank{r}" for r in range(self.world)]
         frame_shape = backend.rgb_frames(backend.states([]), 1)[0].shape
         shapes = {n: (1 + 4 * len(plays[n]["own"]), *frame_shape) for n in self.paths}
+        self.workers = {n: L.truth_workers(shapes[n][0], self.world) for n in self.paths}
+        beside = any(w > 1 for w in self.workers.values())
+        # (sweep, kind) -> the file of that session's cells of ids, drawn by one rank for all
+        self.cell_paths: dict[tuple[str, str], Path] = {}
+        if self.world > 1 and backend.keeps_cells and not beside:
+            self.cell_paths = {
+                (n, kind): run_dir / "live" / f"{n}_{kind}_ids.npy"
+                for n in sorted(plays)
+                for kind in SHARED_CELLS
+            }
+        self._kept: set[tuple[str, str]] = set()
         if self.rank == 0:
             for n, path in self.paths.items():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 open_memmap(path, mode="w+", dtype=np.uint8, shape=shapes[n]).flush()
-            for mark in [*self.drawn_marks, *self.latent_paths.values()]:  # an earlier job's, in a
-                mark.unlink(missing_ok=True)  # run folder used again
+            # an earlier job's, in a run folder used again
+            for mark in [*self.drawn_marks, *self.latent_paths.values(), *self.cell_paths.values()]:
+                mark.unlink(missing_ok=True)
         barrier()  # the files exist and no rank's mark is an earlier job's
         self._out = {n: open_memmap(path, mode="r+") for n, path in self.paths.items()}
-        self.workers = {n: L.truth_workers(shapes[n][0], self.world) for n in self.paths}
         self._changed_for = changed_for
         self._drawn: dict[str, L.Truth] = {}
         self.changed: dict[str, np.ndarray] = {}
@@ -102,7 +119,7 @@ class Truths:
         self._done: dict[str, L.Truth] | None = None
         self._latents: dict[str, Any] = {}
         self.encoder: dict[str, int] = {}  # sweep -> the rank that encodes its truth for the others
-        if any(w > 1 for w in self.workers.values()):
+        if beside:
             self._thread = threading.Thread(target=self._draw_guarded, name="live-truth", daemon=True)
             self._thread.start()
         else:  # one process: drawn here, before the sessions (a thread would share the GIL with them)
@@ -115,6 +132,7 @@ class Truths:
             self._error = e
 
     def _draw(self) -> None:
+        self._draw_cells()
         for name, out in self._out.items():
             t0 = time.perf_counter()
             workers = self.workers[name]
@@ -137,6 +155,39 @@ class Truths:
                 f"({workers} process{'es' if workers > 1 else ''})"
             )
         self.drawn_marks[self.rank].touch()
+
+    def _draw_cells(self) -> None:
+        """This rank's share of the sessions' cells (the n-th of ``cell_paths`` on rank n % world),
+        each written whole for the other ranks and kept for this rank's sessions."""
+        for i, (name, kind) in enumerate(sorted(self.cell_paths)):
+            if i % self.world != self.rank:
+                continue
+            t0 = time.perf_counter()
+            blocks = self.plays[name][kind]
+            ids = self.backend.draw_cells(blocks)
+            buf = io.BytesIO()
+            np.save(buf, ids, allow_pickle=False)
+            atomic_write_bytes(self.cell_paths[name, kind], buf.getvalue())  # whole or absent
+            self.backend.keep_cells(blocks, ids)
+            self._kept.add((name, kind))
+            self.log(
+                f"{name}: the {kind} session's {len(blocks)} cells of ids drawn for every rank in "
+                f"{time.perf_counter() - t0:.1f} s"
+            )
+
+    def keep_cells(self, name: str, kinds: Sequence[str]) -> None:
+        """Before this rank plays ``kinds`` of sweep ``name``: the shared cells they replay (the
+        action probe's first cells are the own session's), read from the rank that drew them."""
+        need = {k for k in kinds if k in SHARED_CELLS} | ({"own"} if "changed" in kinds else set())
+        for kind in sorted(need):
+            if (name, kind) in self._kept or (name, kind) not in self.cell_paths:
+                continue
+            path = self.cell_paths[name, kind]
+            waited = self._await([path], f"the {kind} session's cells")
+            self.backend.keep_cells(self.plays[name][kind], np.load(path, allow_pickle=False))
+            self._kept.add((name, kind))
+            if waited > 1.0:
+                self.log(f"waited {waited:.1f} s for the {kind} session's cells of {name}")
 
     def _await(self, paths: Sequence[Path], what: str) -> float:
         """Seconds until every one of ``paths`` exists (another rank's file: no collective)."""
@@ -250,6 +301,7 @@ def run_live(
             session, loaded = backend.session(exports[label].path, exports[label].sha256), label
             log(f"{label}: session loaded and warmed up in {time.perf_counter() - t0:.1f} s")
         sweep = sweeps[name]
+        truth_of.keep_cells(name, kinds)
         t0 = time.perf_counter()
         split: dict[str, float] = {}
         played_rows = L.play_rows(session, [plays[name][kind] for kind in kinds], split)

@@ -9,7 +9,9 @@ torch ids renderer on the session's device); the truth is the same ``LiveWorld``
 
 Every export of an eval plays the same scripts, and the world does not depend on what the model
 draws: on a CPU, where the world's ids cost a third of a cell, a rank keeps each cell's ids by the
-actions that led to it (``KeptCellsWorld``) and replays them for the next export.
+actions that led to it (``KeptCellsWorld``) and replays them for the next export; the sessions
+every export plays whole are drawn by one rank for all (``draw_cells`` / ``keep_cells``, shared by
+``eval.live_run.Truths``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from gc25d_core.config import Gc25dConfig, GeometryConfig
 from gc25d_core.deploy.world import FRAMES_PER_CELL, LiveWorld, WorldConfig
+from gc25d_core.text import block_to_key, check_block
 
 _RGB_WORLD: LiveWorld | None = None
 
@@ -60,9 +63,28 @@ class KeptCellsWorld:
         self._path, self._untaken = b"", []
         return self.world.reset(with_rgb)
 
+    @staticmethod
+    def step_path(path: bytes, block: np.ndarray) -> bytes:
+        """The digest of the blocks since reset after one more, ``block``."""
+        return hashlib.sha256(path + np.asarray(block, np.uint8).tobytes()).digest()
+
+    @staticmethod
+    def keep(
+        cells: dict[bytes, tuple[np.ndarray, str]], blocks: Sequence[np.ndarray], ids: np.ndarray
+    ) -> None:
+        """Keep a whole session's cells, drawn elsewhere: ``ids`` uint8 [N, 4, H, W], the ids the
+        world draws for ``blocks`` from reset (``DeployBackend.draw_cells``)."""
+        path = b""
+        for block, ids4 in zip(blocks, ids, strict=True):
+            path = KeptCellsWorld.step_path(path, block)
+            if path not in cells:
+                kept = np.array(ids4, np.uint8)
+                kept.flags.writeable = False
+                cells[path] = (kept, block_to_key(check_block(block).astype(np.uint8)))
+
     def advance(self, block: np.ndarray) -> tuple[np.ndarray, str]:
         block = np.asarray(block, np.uint8)
-        self._path = hashlib.sha256(self._path + block.tobytes()).digest()
+        self._path = self.step_path(self._path, block)
         self._untaken.append(block)
         kept = self.cells.get(self._path)
         if kept is not None:  # a session's own copy: the runtime's tensors may share its memory
@@ -124,9 +146,25 @@ class DeployBackend:
         session.prepare()
         return session
 
-    def states(self, blocks: Sequence[np.ndarray]) -> list[Any]:
-        from gc25d_core.text import check_block
+    @property
+    def keeps_cells(self) -> bool:
+        """The sessions replay kept cells (``KeptCellsWorld``: the numpy renderer's)."""
+        return self.world.ids_renderer(self.device) == "numpy"
 
+    def draw_cells(self, blocks: Sequence[np.ndarray]) -> np.ndarray:
+        """The ids a session's world draws for ``blocks`` from reset, uint8 [N, 4, H, W] (numpy
+        renderer): what ``keep_cells`` hands to the sessions of another rank."""
+        world = LiveWorld(self.world, self.cfg.geometry, device=self.device)
+        if world.torch is not None:
+            raise ValueError("draw_cells: the torch renderer's sessions keep no cells")
+        world.reset(with_rgb=False)
+        return np.stack([np.asarray(world.advance(b)[0]) for b in blocks])
+
+    def keep_cells(self, blocks: Sequence[np.ndarray], ids: np.ndarray) -> None:
+        """Hand ``draw_cells(blocks)`` to this rank's sessions: they replay these cells."""
+        KeptCellsWorld.keep(self._cells, blocks, ids)
+
+    def states(self, blocks: Sequence[np.ndarray]) -> list[Any]:
         world = LiveWorld(self.ref, self.cfg.geometry)
         world.reset(with_rgb=False)
         assert world.stepper is not None and world.last_state is not None

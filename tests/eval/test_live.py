@@ -486,3 +486,60 @@ def test_one_rank_encodes_the_truth_and_the_others_read_its_file(world, tmp_path
     assert not waiting.is_alive()
     want = L.truth_latents(vae, L.render_truth(backend, plays[name]["own"]).frames)
     assert torch.equal(got["z"], want) and torch.equal(rank1.latent(name, vae), want)
+
+
+def test_each_whole_session_s_cells_are_drawn_by_one_rank_and_replayed_by_every_rank(
+    world, tmp_path, monkeypatch
+):
+    """Two ranks of one job on a CPU: each draws the ids of one of the sessions every export plays
+    whole (own, other) before its sessions and writes them; the other rank reads that file before
+    it plays them (waiting for it), and its sessions replay the world's own ids without drawing."""
+    import threading
+
+    from gc25d_core.deploy.world import LiveWorld
+    from gc25d_core.eval import live_run
+    from gc25d_core.jobs.eval_live import KeptCellsWorld
+
+    _, cfg, _, vae = world
+    backends = [DeployBackend(cfg, vae, torch.device("cpu")) for _ in range(2)]
+    sweep = L.live_sweep("live240", cells=CELLS)
+    name = sweep.name
+    plays = {name: live_run.scripts(sweep)}
+    (tmp_path / "live").mkdir()
+    stale = tmp_path / "live" / f"{name}_own_ids.npy"
+    np.save(stale, np.zeros(3, np.uint8))  # an earlier job's
+    monkeypatch.setattr(live_run, "world_size", lambda: 2)
+    monkeypatch.setattr(live_run, "barrier", lambda: None)
+    monkeypatch.setattr(live_run, "global_rank", lambda: 0)
+    rank0 = live_run.Truths(backends[0], plays, set(), tmp_path, lambda m: None)
+    assert sorted(rank0.cell_paths) == [(name, "other"), (name, "own")]
+    assert rank0.cell_paths[name, "other"].is_file() and not stale.exists()  # rank 0 drew one, not both
+    waiting = threading.Thread(target=lambda: rank0.keep_cells(name, ("own", "other")))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # the own session's cells are rank 1's to draw
+    monkeypatch.setattr(live_run, "global_rank", lambda: 1)
+    rank1 = live_run.Truths(backends[1], plays, {name}, tmp_path, lambda m: None)
+    rank1.keep_cells(name, ("changed",))  # its first cells are the own session's: read from rank 0
+    waiting.join(10)
+    assert not waiting.is_alive() and stale.is_file()
+    assert len(backends[1]._cells) == CELLS  # the other session's: read when it is to be played
+    rank1.keep_cells(name, ("own", "other"))
+
+    def drawn(blocks):
+        w = LiveWorld(backends[0].world, cfg.geometry)
+        w.reset(with_rgb=False)
+        return [w.advance(b) for b in blocks]
+
+    def no_drawing(block):
+        raise AssertionError("a kept cell was drawn again")
+
+    for b in backends:
+        assert len(b._cells) == 2 * CELLS
+        for kind in ("own", "other"):
+            kept = KeptCellsWorld(LiveWorld(b.world, cfg.geometry), b._cells)
+            kept.reset(with_rgb=False)
+            kept.world.advance = no_drawing  # type: ignore[method-assign]
+            got = [kept.advance(blk) for blk in plays[name][kind]]
+            for (ids, key), (want_ids, want_key) in zip(got, drawn(plays[name][kind]), strict=True):
+                assert np.array_equal(ids, want_ids) and key == want_key
