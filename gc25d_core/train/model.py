@@ -33,7 +33,7 @@ def set_determinism(enabled: bool, seed: int) -> None:
         # no op here reads memory it did not write, so the NaN fill of every torch.empty (a debug
         # aid that comes with deterministic mode) changes no result; on a CPU it is a quarter of a
         # tiny model's step
-        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
 
