@@ -70,7 +70,11 @@ class Truths:
     A rank that has drawn its share says so with a file of its own in the run folder (written after
     its frames are flushed), and ``get`` waits for those files rather than meeting the other ranks
     in a barrier: a barrier would hold a rank whose first rollout is short until the others have
-    played their first, long one."""
+    played their first, long one.
+
+    Where the sessions replay kept cells and the truth is drawn before them, the ranks also share
+    the own and the other session's cells of ids: each is drawn by one rank first, written whole,
+    and read by another rank when it is about to play it (``keep_cells``)."""
 
     WAIT_S = 1800.0  # as long as the process group's own timeout
 
