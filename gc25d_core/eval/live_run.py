@@ -59,6 +59,13 @@ def scripts(sweep: L.LiveSweep) -> dict[str, list[np.ndarray]]:
     return {"own": own, "other": L.session_script(sweep.script_seed + 1, sweep.cells), "changed": changed}
 
 
+def write_npy(path: Path, array: np.ndarray) -> None:
+    """``array`` as a .npy file another rank reads: written whole or not at all."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 class Truths:
     """The truths of the sweeps (each sweep's own script, and its changed script for a rank that
     plays it), drawn by all ranks into one memory map per sweep in the run folder (each rank the
@@ -169,9 +176,7 @@ class Truths:
             t0 = time.perf_counter()
             blocks = self.plays[name][kind]
             ids = self.backend.draw_cells(blocks)
-            buf = io.BytesIO()
-            np.save(buf, ids, allow_pickle=False)
-            atomic_write_bytes(self.cell_paths[name, kind], buf.getvalue())  # whole or absent
+            write_npy(self.cell_paths[name, kind], ids)
             self.backend.keep_cells(blocks, ids)
             self._kept.add((name, kind))
             self.log(
@@ -224,9 +229,7 @@ class Truths:
                 self.encoder[name] = min(ranks, key=lambda r: (loads[r], r))
         for name, r in self.encoder.items():
             if r == self.rank:
-                buf = io.BytesIO()
-                np.save(buf, self.latent(name, vae).numpy(), allow_pickle=False)
-                atomic_write_bytes(self.latent_paths[name], buf.getvalue())  # whole or absent
+                write_npy(self.latent_paths[name], self.latent(name, vae).numpy())
 
     def latent(self, name: str, vae: Any) -> Any:
         """The VAE's encode of sweep ``name``'s truth, [48, N + 1, H, W] on the CPU (``truth_latents``):

@@ -160,6 +160,27 @@ def test_a_seeds_session_plays_the_same_frames(world):
     assert not torch.equal(both[0].latents, both[1].latents)  # two sessions, not one row twice
 
 
+def world_ids(backend, cfg, blocks):
+    """What a session's world draws for ``blocks`` from reset: (ids, prompt key) per cell."""
+    from gc25d_core.deploy.world import LiveWorld
+
+    w = LiveWorld(backend.world, cfg.geometry)
+    w.reset(with_rgb=False)
+    return [w.advance(b) for b in blocks]
+
+
+def two_rank_job(monkeypatch, tmp_path):
+    """Two ranks of one job in this process (the test sets ``global_rank``; no barrier: both "ranks"
+    set up before either draws), their run folder's ``live/``: (the sweep's name, its plays)."""
+    from gc25d_core.eval import live_run
+
+    sweep = L.live_sweep("live240", cells=CELLS)
+    (tmp_path / "live").mkdir()
+    monkeypatch.setattr(live_run, "world_size", lambda: 2)
+    monkeypatch.setattr(live_run, "barrier", lambda: None)
+    return sweep.name, {sweep.name: live_run.scripts(sweep)}
+
+
 def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world):
     """The ids a rank keeps for the next export's session are the world's own, on the same path and
     after a fork (the action probe shares the scored session's first cells), and read-only."""
@@ -167,12 +188,6 @@ def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world)
     from gc25d_core.jobs.eval_live import KeptCellsWorld
 
     _, cfg, backend, _ = world
-
-    def drawn(blocks):
-        w = LiveWorld(backend.world, cfg.geometry)
-        w.reset(with_rgb=False)
-        return [w.advance(b) for b in blocks]
-
     own = L.session_script(0, CELLS)
     forked = L.changed_script(own, 3)
     cells: dict = {}
@@ -180,7 +195,7 @@ def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world)
         kept = KeptCellsWorld(LiveWorld(backend.world, cfg.geometry), cells)
         kept.reset(with_rgb=False)
         got = [kept.advance(b) for b in blocks]
-        for (ids, key), (want_ids, want_key) in zip(got, drawn(blocks), strict=True):
+        for (ids, key), (want_ids, want_key) in zip(got, world_ids(backend, cfg, blocks), strict=True):
             assert np.array_equal(ids, want_ids) and key == want_key
     assert len(cells) == CELLS + (CELLS - 2)  # the fork's cells 3.. are its own
     with pytest.raises(ValueError):  # the kept arrays are read-only; a session gets its own copy
@@ -189,7 +204,7 @@ def test_kept_cells_replay_the_worlds_ids_and_leave_a_path_where_it_forks(world)
     kept.reset(with_rgb=False)
     handed, _ = kept.advance(own[0])
     handed[...] = 0  # writable, and not the kept array: the kept one is still the world's
-    assert np.array_equal(next(iter(cells.values()))[0], drawn(own[:1])[0][0])
+    assert np.array_equal(next(iter(cells.values()))[0], world_ids(backend, cfg, own[:1])[0][0])
 
 
 def cfg_frame(cfg) -> tuple[int, int]:
@@ -420,12 +435,8 @@ def test_a_rank_gets_the_truth_once_every_rank_has_drawn_not_once_every_rank_ask
     from gc25d_core.eval import live_run
 
     _, _, backend, _ = world
-    sweep = L.live_sweep("live240", cells=CELLS)
-    plays = {sweep.name: live_run.scripts(sweep)}
-    (tmp_path / "live").mkdir()
+    name, plays = two_rank_job(monkeypatch, tmp_path)
     (tmp_path / "live" / "truth_drawn.rank1").touch()  # an earlier job's
-    monkeypatch.setattr(live_run, "world_size", lambda: 2)
-    monkeypatch.setattr(live_run, "barrier", lambda: None)  # both "ranks" set up before either draws
     monkeypatch.setattr(live_run, "global_rank", lambda: 0)
     rank0 = live_run.Truths(backend, plays, set(), tmp_path, lambda m: None)  # draws frames 0, 2, 4, …
     assert not (tmp_path / "live" / "truth_drawn.rank1").exists()
@@ -440,9 +451,9 @@ def test_a_rank_gets_the_truth_once_every_rank_has_drawn_not_once_every_rank_ask
     assert waiting.is_alive()  # rank 1's frames are not drawn: rank 0 has no truth yet
     draw(rank1)  # frames 1, 3, 5, …, then its mark
     waiting.join(10)
-    frames = L.render_truth(backend, plays[sweep.name]["own"]).frames
-    assert not waiting.is_alive() and np.array_equal(got[sweep.name].frames, frames)
-    assert np.array_equal(rank1.get()[sweep.name].frames, frames)
+    frames = L.render_truth(backend, plays[name]["own"]).frames
+    assert not waiting.is_alive() and np.array_equal(got[name].frames, frames)
+    assert np.array_equal(rank1.get()[name].frames, frames)
 
 
 def test_one_rank_encodes_the_truth_and_the_others_read_its_file(world, tmp_path, monkeypatch):
@@ -455,14 +466,9 @@ def test_one_rank_encodes_the_truth_and_the_others_read_its_file(world, tmp_path
     from gc25d_core.eval import live_run
 
     _, _, backend, vae = world
-    sweep = L.live_sweep("live240", cells=CELLS)
-    name = sweep.name
-    plays = {name: live_run.scripts(sweep)}
-    (tmp_path / "live").mkdir()
+    name, plays = two_rank_job(monkeypatch, tmp_path)
     stale = tmp_path / "live" / f"{name}_truth_latent.npy"
     np.save(stale, np.zeros(3, np.float32))  # an earlier job's
-    monkeypatch.setattr(live_run, "world_size", lambda: 2)
-    monkeypatch.setattr(live_run, "barrier", lambda: None)
     plan = [[("a", name, ("own", "other")), ("b", name, ("changed",))], [("c", name, ("own", "other"))]]
     weights = {"own": 10, "other": 10, "changed": 3}
 
@@ -502,14 +508,9 @@ def test_each_whole_session_s_cells_are_drawn_by_one_rank_and_replayed_by_every_
 
     _, cfg, _, vae = world
     backends = [DeployBackend(cfg, vae, torch.device("cpu")) for _ in range(2)]
-    sweep = L.live_sweep("live240", cells=CELLS)
-    name = sweep.name
-    plays = {name: live_run.scripts(sweep)}
-    (tmp_path / "live").mkdir()
+    name, plays = two_rank_job(monkeypatch, tmp_path)
     stale = tmp_path / "live" / f"{name}_own_ids.npy"
     np.save(stale, np.zeros(3, np.uint8))  # an earlier job's
-    monkeypatch.setattr(live_run, "world_size", lambda: 2)
-    monkeypatch.setattr(live_run, "barrier", lambda: None)
     monkeypatch.setattr(live_run, "global_rank", lambda: 0)
     rank0 = live_run.Truths(backends[0], plays, set(), tmp_path, lambda m: None)
     assert sorted(rank0.cell_paths) == [(name, "other"), (name, "own")]
@@ -526,11 +527,6 @@ def test_each_whole_session_s_cells_are_drawn_by_one_rank_and_replayed_by_every_
     assert len(backends[1]._cells) == CELLS  # the other session's: read when it is to be played
     rank1.keep_cells(name, ("own", "other"))
 
-    def drawn(blocks):
-        w = LiveWorld(backends[0].world, cfg.geometry)
-        w.reset(with_rgb=False)
-        return [w.advance(b) for b in blocks]
-
     def no_drawing(block):
         raise AssertionError("a kept cell was drawn again")
 
@@ -541,5 +537,6 @@ def test_each_whole_session_s_cells_are_drawn_by_one_rank_and_replayed_by_every_
             kept.reset(with_rgb=False)
             kept.world.advance = no_drawing  # type: ignore[method-assign]
             got = [kept.advance(blk) for blk in plays[name][kind]]
-            for (ids, key), (want_ids, want_key) in zip(got, drawn(plays[name][kind]), strict=True):
+            want = world_ids(backends[0], cfg, plays[name][kind])
+            for (ids, key), (want_ids, want_key) in zip(got, want, strict=True):
                 assert np.array_equal(ids, want_ids) and key == want_key
