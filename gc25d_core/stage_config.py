@@ -284,6 +284,14 @@ class Stage3Config(CausalStageConfig):
     min_cells: int = Field(default=21, ge=2)
     max_cells: int = Field(default=27, ge=2)
     grad_horizon: int = Field(default=20, ge=1)
+    real_guidance: float = Field(
+        default=1.0,
+        ge=1.0,
+        description="classifier-free guidance of the real score over the ids, on x̂0 in Wan's "
+        "convention: uncond + g·(cond − uncond), uncond with every id UNKNOWN as validation's "
+        "(the prompts kept). 1.0 = SPEC §8's cfg 1.0, one conditional pass; the anchors' real "
+        "scores guide their text at 4.0–6.0 (research/distill_anchors.md §5)",
+    )
     t_min: float = Field(default=20.0, ge=0.0, description="DMD t clamp (the anchors' [20, 980])")
     t_max: float = Field(default=980.0, le=1000.0)
     time_phases: bool = Field(

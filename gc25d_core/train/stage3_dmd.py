@@ -24,7 +24,9 @@ cell 0 is clean, t = 0, and masked out of both losses. With one t per clip (clam
     grad = nan_to_num((x̂_fake − x̂_real) / mean|x − x̂_real|)   (per clip, over its unmasked cells)
     L_G  = ½·mean((x − sg(x − grad))²) in float64, so ∂L_G/∂x = grad / numel on the unmasked cells
     L_D  = mean((v̂_critic(x_t) − (ε − x))²) on a no-grad rollout (flow matching, no w(t))
-cfg 1.0: one conditional pass of the real score.
+cfg 1.0 (SPEC §8): one conditional pass of the real score. ``real_guidance`` g > 1 guides it over
+the ids, x̂_real = x̂_uncond + g·(x̂_cond − x̂_uncond) with every id UNKNOWN in the uncond pass
+(validation's uncond; both passes in one batch).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from gc25d_core.train.inputs import draw_noise
 from gc25d_core.train.model import build_model, init_export, param_groups
 from gc25d_core.train.self_rollout import SelfRollout
 from gc25d_core.train.state import ResumePoint, Stateful
+from gc25d_core.vocab import UNKNOWN
 
 __all__ = ["Stage3Run", "critic_flow_loss", "dmd_gradient", "dmd_generator_loss"]
 
@@ -165,6 +168,17 @@ class Stage3Run(SelfRollout, CausalRun):
         v = net(**self.kwargs(x_t, t, keys, ids)).float()
         return x0_at_sigma(x_t, v, float(self.schedule.sigma(t)))
 
+    def real_x0(self, x_t: torch.Tensor, t: float, keys: list[list[str]], ids: torch.Tensor) -> torch.Tensor:
+        """The real score's x̂0, guided over the ids by ``real_guidance`` (one pass at 1.0)."""
+        g = self.section.real_guidance
+        if g == 1.0:
+            return self._score(self.real, x_t, t, keys, ids)
+        both = self._score(
+            self.real, torch.cat([x_t, x_t]), t, keys + keys, torch.cat([ids, torch.full_like(ids, UNKNOWN)])
+        )
+        cond, uncond = both.chunk(2)
+        return uncond + g * (cond - uncond)
+
     # -- the optimizer phases -----------------------------------------------------------------------
 
     DEVICE_SUMS = ("critic_loss", "gen_loss", "grad_norm")
@@ -216,7 +230,7 @@ class Stage3Run(SelfRollout, CausalRun):
         x_t, _, mask, t = self._noised(x.detach(), gen)
         with torch.no_grad():
             x_fake = self._score(self.critic.infer, x_t, t, keys, ids)
-            x_real = self._score(self.real, x_t, t, keys, ids)
+            x_real = self.real_x0(x_t, t, keys, ids)
             grad = dmd_gradient(x.detach(), x_fake, x_real, mask)
         loss = dmd_generator_loss(x, grad, mask)
         return Micro(loss, {"gen_loss": loss.detach().float()}, {"t": t})
@@ -266,7 +280,7 @@ class Stage3Run(SelfRollout, CausalRun):
                     "critic_steps": sec.critic_steps,
                     "cells": [sec.min_cells, sec.max_cells],
                     "grad_horizon": sec.grad_horizon,
-                    "cfg": 1.0,
+                    "cfg": sec.real_guidance,
                     "t_clamp": [sec.t_min, sec.t_max],
                 }
             ),

@@ -173,6 +173,42 @@ def test_the_scored_clip_starts_with_the_real_anchor(built):
     assert not bool(mask[0, 0, 0]) and bool(mask[0, 0, 1:].all())
 
 
+def test_the_real_score_guided_over_the_ids_is_uncond_plus_g_times_their_difference(built, monkeypatch):
+    """``real_guidance`` 1.0 (SPEC §8's cfg 1.0) is the one conditional pass; g > 1 runs cond and
+    uncond (every id UNKNOWN) as one batch and steps g times their difference from uncond."""
+    from gc25d_core.vocab import UNKNOWN
+
+    run = built
+    with torch.no_grad():
+        x, ids, keys = run.rollout(_samples(run), 21, 3, torch.Generator().manual_seed(1), grad=False)
+    x_t, _, _, t = run._noised(x, torch.Generator().manual_seed(2))
+    real = run.real
+    proj = real.gc_sem_cond.proj_out.weight
+    saved = proj.detach().clone()
+    batches: list[int] = []
+
+    def counted(**kwargs):
+        batches.append(kwargs["latents"].shape[0])
+        return real(**kwargs)
+
+    try:
+        with torch.no_grad():
+            proj.normal_(std=0.05, generator=torch.Generator().manual_seed(3))  # a fresh encoder adds 0
+            cond = run._score(real, x_t, t, keys, ids)
+            uncond = run._score(real, x_t, t, keys, torch.full_like(ids, UNKNOWN))
+            assert float((cond - uncond).abs().max()) > 1e-4  # the ids move this real score
+            monkeypatch.setattr(run, "real", counted)
+            monkeypatch.setattr(run, "section", run.section.model_copy(update={"real_guidance": 1.0}))
+            assert torch.equal(run.real_x0(x_t, t, keys, ids), cond) and batches == [x.shape[0]]
+            monkeypatch.setattr(run, "section", run.section.model_copy(update={"real_guidance": 3.0}))
+            guided = run.real_x0(x_t, t, keys, ids)
+        assert batches[1:] == [2 * x.shape[0]]  # both passes in one forward
+        torch.testing.assert_close(guided, uncond + 3.0 * (cond - uncond), rtol=1e-5, atol=1e-5)
+    finally:
+        with torch.no_grad():
+            proj.copy_(saved)
+
+
 def test_the_rollout_equals_the_deploy_rollout_with_the_last_exit_step(built):
     """exit step = the last, no grad: the stage's rollout is kv_rollout, the deploy path."""
     from gc25d_core.models.sampler import kv_rollout
