@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.quality.small_chain import lever_checks
+from bench.quality.small_chain import _stage_section, lever_checks, stage_sets
 from gc25d_core.config import load_config
 
 
@@ -17,6 +17,22 @@ def test_the_lever_checks_are_the_named_ones_in_order_and_unknown_names_are_refu
     assert lever_checks("", smoke=False) == []
     with pytest.raises(SystemExit, match=r"\['int4'\] are not among"):
         lever_checks("fp8,int4", smoke=False)
+
+
+def test_set_puts_fields_into_a_stage_section_and_refuses_unknown_stages_and_fields():
+    sets = stage_sets(["stage3_dmd.real_guidance=2", "stage3_dmd.val.every=25", "stage1_tf.max_steps=7"])
+    assert sets == {"stage3_dmd": {"real_guidance": 2, "val.every": 25}, "stage1_tf": {"max_steps": 7}}
+    sec = _stage_section("stage3_dmd", False, {"stage3_dmd": 40}, sets)
+    assert sec == {"max_steps": 40, "real_guidance": 2, "val": {"every": 25}}
+    assert _stage_section("stage2_cd", False, {}, sets) == {}
+    with pytest.raises(SystemExit, match=r"'sft.max_steps=3': expected STAGE.FIELD=VALUE"):
+        stage_sets(["sft.max_steps=3"])  # the SFT has --sft-steps
+    with pytest.raises(SystemExit, match=r"'stage3_dmd.real_guidance'"):
+        stage_sets(["stage3_dmd.real_guidance"])
+    with pytest.raises(SystemExit, match=r"real_guidanse"):
+        stage_sets(["stage3_dmd.real_guidanse=2"])
+    with pytest.raises(SystemExit, match=r"real_guidance"):
+        stage_sets(["stage3_dmd.real_guidance=0.5"])  # below 1
 
 
 def test_without_this_runs_fit_the_default_checks_leave_the_fast_decoder_out():

@@ -82,12 +82,49 @@ def lever_checks(chosen: str | None, smoke: bool, fitted: bool = True) -> list[s
     return [LEVER_CHECKS[n] for n in names]
 
 
-def _stage_section(name: str, smoke: bool, steps: dict[str, int]) -> dict[str, Any]:
+def stage_sets(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set STAGE.FIELD=VALUE`` items -> stage -> {dotted field: the YAML value}. Refused before
+    any work, naming the item or the field: a stage not trained here, an item without a value, a
+    field its small preset's section does not take."""
+    import yaml
+    from pydantic import ValidationError
+
+    from gc25d_core.config import deep_merge
+    from gc25d_core.schema import format_validation_error
+    from gc25d_core.train.presets import STAGES, stage_section
+
+    trained = PHASES[PHASES.index("stage1_tf") : PHASES.index("stage3_dmd") + 1]
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        stage, _, field = key.partition(".")
+        if not eq or not field or stage not in trained:
+            raise SystemExit(f"--set {item!r}: expected STAGE.FIELD=VALUE with STAGE one of {list(trained)}")
+        out.setdefault(stage, {})[field] = yaml.safe_load(value)
+    for stage in out:
+        try:
+            STAGES[stage].model_validate(
+                deep_merge(stage_section(stage, "small"), _stage_section(stage, False, {}, out))
+            )
+        except ValidationError as e:
+            raise SystemExit(format_validation_error(e, f"--set {stage}")) from None
+    return out
+
+
+def _stage_section(
+    name: str, smoke: bool, steps: dict[str, int], sets: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     sec: dict[str, Any] = dict(SMOKE_STAGE) if smoke else {}
     if smoke and name == "stage3_dmd":
         sec |= SMOKE_STAGE3
     if name in steps:
         sec["max_steps"] = steps[name]
+    for field, value in (sets or {}).get(name, {}).items():
+        *parents, leaf = field.split(".")
+        node = sec
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     return sec
 
 
@@ -118,6 +155,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=None, help="default: configs/sft/small.yaml")
     ap.add_argument(
         "--steps", action="append", default=[], metavar="STAGE=N", help="a stage's max_steps (repeatable)"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="STAGE.FIELD=VALUE",
+        help="a field of a stage's section over its small preset (dotted, a YAML value; repeatable), "
+        "e.g. stage3_dmd.real_guidance=2; the config check names a field that does not exist",
     )
     ap.add_argument(
         "--eval",
@@ -153,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a few steps: the plumbing")
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
+    sets = stage_sets(args.set)
 
     from gc25d_core.eval.live import default_live_ceiling
     from gc25d_core.eval.spec import EvalConfig
@@ -193,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                 ecfg,
                 evaluated_exports(handoffs, runs_root, wanted),
             )
-        sec = _stage_section(stage.name, args.smoke, steps)
+        sec = _stage_section(stage.name, args.smoke, steps, sets)
         sec["data"] = {**sec.get("data", {}), "manifest_version": version}
         for field, up in (("model", stage.init_from), ("real", stage.real_from)):
             if up is not None:
