@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.quality.small_chain import _stage_section, lever_checks, stage_sets
+from bench.quality.small_chain import _stage_section, lever_checks, stage_sets, stage_variants
 from gc25d_core.config import load_config
 
 
@@ -33,6 +33,21 @@ def test_set_puts_fields_into_a_stage_section_and_refuses_unknown_stages_and_fie
         stage_sets(["stage3_dmd.real_guidanse=2"])
     with pytest.raises(SystemExit, match=r"real_guidance"):
         stage_sets(["stage3_dmd.real_guidance=0.5"])  # below 1
+
+
+def test_a_variant_is_a_named_set_of_the_last_stage_s_fields_checked_as_set_is():
+    variants = stage_variants(["g2:real_guidance=2", "g15:real_guidance=1.5,val.every=10"], "stage3_dmd")
+    assert variants == {
+        "g2": {"stage3_dmd": {"real_guidance": 2}},
+        "g15": {"stage3_dmd": {"real_guidance": 1.5, "val.every": 10}},
+    }
+    for bad in ("real_guidance=2", "g2:", "g/2:real_guidance=2"):
+        with pytest.raises(SystemExit, match="expected NAME:FIELD=VALUE"):
+            stage_variants([bad], "stage3_dmd")
+    with pytest.raises(SystemExit, match="a new plain NAME"):
+        stage_variants(["g2:real_guidance=2", "g2:real_guidance=3"], "stage3_dmd")
+    with pytest.raises(SystemExit, match="real_guidance"):
+        stage_variants(["g2:real_guidance=2"], "stage2_cd")  # not a field of stage 2's section
 
 
 def test_without_this_runs_fit_the_default_checks_leave_the_fast_decoder_out():

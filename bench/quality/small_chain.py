@@ -111,6 +111,18 @@ def stage_sets(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def stage_variants(items: list[str], stage: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """``--variant NAME:FIELD=VALUE[,FIELD=VALUE]`` items -> name -> {stage: fields} (as
+    ``stage_sets`` gives them), each checked as ``--set`` is; a name is a plain word."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for item in items:
+        name, colon, body = item.partition(":")
+        if not colon or not body or not name.replace("_", "").isalnum() or name in out:
+            raise SystemExit(f"--variant {item!r}: expected NAME:FIELD=VALUE[,FIELD=VALUE], a new plain NAME")
+        out[name] = stage_sets([f"{stage}.{field}" for field in body.split(",")])
+    return out
+
+
 def _stage_section(
     name: str, smoke: bool, steps: dict[str, int], sets: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -165,6 +177,15 @@ def main(argv: list[str] | None = None) -> None:
         "e.g. stage3_dmd.real_guidance=2; the config check names a field that does not exist",
     )
     ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:FIELD=VALUE[,FIELD=VALUE]",
+        help="train the last stage again from the same hand-offs with these fields of its section "
+        "(over --set) into runs/<stage>-NAME/, and evaluate its exports beside the chain's "
+        "(labels <stage>-NAME, <stage>-NAME_ema); repeatable, e.g. g2:real_guidance=2",
+    )
+    ap.add_argument(
         "--eval",
         default=None,
         help="JSON: fields of the eval's EvalConfig (default: live2400, or a short live240 with --smoke)",
@@ -199,6 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
     sets = stage_sets(args.set)
+    trained = [
+        s for s in PHASES[1 : PHASES.index("stage3_dmd") + 1] if PHASES.index(s) <= PHASES.index(args.through)
+    ]
+    if args.variant and not trained:
+        raise SystemExit(f"--variant: --through {args.through} trains no stage after the SFT")
+    variants = stage_variants(args.variant, trained[-1]) if args.variant else {}
 
     from gc25d_core.eval.live import default_live_ceiling
     from gc25d_core.eval.spec import EvalConfig
@@ -228,9 +255,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     wanted = None if args.eval_labels is None else args.eval_labels.split(",")
     early: EarlyEval | None = None
+
+    def train(stage: Any, run_dir: Path, stage_sets_: dict[str, dict[str, Any]]) -> Path:
+        """One stage's run from the hand-offs so far; its hand-off file."""
+        sec = _stage_section(stage.name, args.smoke, steps, stage_sets_)
+        sec["data"] = {**sec.get("data", {}), "manifest_version": version}
+        for field, up in (("model", stage.init_from), ("real", stage.real_from)):
+            if up is not None:
+                sec[field] = _handoff_model(handoffs[up.stage], up.export)
+        scfg = with_stage(cfg, stage.name, "small", sec)
+        t0 = time.perf_counter()
+        launch(
+            "gc25d_core.jobs.train", scfg, run_dir, cfg.distributed.nproc_per_node, ["--stage", stage.name]
+        )
+        phase(run_dir.parent.name, t0, run_dir=str(run_dir))
+        print(learning_signal_report(run_dir) or f"{run_dir}: no validation records", flush=True)
+        return run_dir / stage.handoff
+
     for stage in STAGES[1:]:
-        if PHASES.index(stage.name) > stop:
-            return
+        if stage.name not in trained:
+            break
         if stage is STAGES[-1] and stop >= PHASES.index("eval") and not args.no_early_eval:
             early = EarlyEval.start(
                 cfg,
@@ -239,20 +283,15 @@ def main(argv: list[str] | None = None) -> None:
                 ecfg,
                 evaluated_exports(handoffs, runs_root, wanted),
             )
-        sec = _stage_section(stage.name, args.smoke, steps, sets)
-        sec["data"] = {**sec.get("data", {}), "manifest_version": version}
-        for field, up in (("model", stage.init_from), ("real", stage.real_from)):
-            if up is not None:
-                sec[field] = _handoff_model(handoffs[up.stage], up.export)
-        scfg = with_stage(cfg, stage.name, "small", sec)
-        run_dir = runs_root / stage.name / snapshot
-        t0 = time.perf_counter()
-        launch(
-            "gc25d_core.jobs.train", scfg, run_dir, cfg.distributed.nproc_per_node, ["--stage", stage.name]
+        handoffs[stage.name] = train(stage, runs_root / stage.name / snapshot, sets)
+    last_stage = next(s for s in STAGES if s.name == trained[-1])
+    for name, fields in variants.items():
+        merged = {**sets, last_stage.name: {**sets.get(last_stage.name, {}), **fields[last_stage.name]}}
+        handoffs[f"{last_stage.name}-{name}"] = train(
+            last_stage, runs_root / f"{last_stage.name}-{name}" / snapshot, merged
         )
-        phase(stage.name, t0, run_dir=str(run_dir))
-        print(learning_signal_report(run_dir) or f"{run_dir}: no validation records", flush=True)
-        handoffs[stage.name] = run_dir / stage.handoff
+    if stop < PHASES.index("deploy"):
+        return
 
     # the deploy file of the last stage that feeds deploy, its EMA export where it has one
     last = next(s for s in reversed(STAGES) if s.feeds_deploy)
@@ -327,12 +366,10 @@ def evaluated_exports(handoffs: dict[str, Path], runs_root: Path, wanted: list[s
     from gc25d_core.eval.spec import exports_of_handoff
     from gc25d_core.stages import STAGES
 
-    exports = [
-        e
-        for s in STAGES
-        if s.evaluated and s.name in handoffs
-        for e in exports_of_handoff(s.name, handoffs[s.name], runs_root)
-    ]
+    stages = [s.name for s in STAGES if s.evaluated]
+    # a variant (<stage>-NAME) right after its stage
+    order = [k for name in stages for k in handoffs if k == name or k.startswith(f"{name}-")]
+    exports = [e for k in order for e in exports_of_handoff(k, handoffs[k], runs_root)]
     return [e for e in exports if wanted is None or e.label in wanted]
 
 
