@@ -96,14 +96,25 @@ def browser(tmp_path):
     driver.quit()
 
 
-def _wait(cond, timeout=30.0, what="condition"):
+def _wait(cond, timeout=30.0, what="condition", state=None):
+    """``cond()`` once it is truthy; past ``timeout`` an error naming ``what`` and, given
+    ``state``, what the page showed then."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = cond()
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"; the page: {state()}" if state else ""))
+
+
+def _page_state(browser) -> dict[str, object]:
+    """The page's status line, switches and note (for a failure's message)."""
+    texts = {
+        i: browser.find_element("id", i).get_attribute("textContent")
+        for i in ("status", "cell", "key", "decoder", "note")
+    }
+    return {**texts, "fast checked": browser.find_element("id", "fast").is_selected()}
 
 
 def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, request):
@@ -163,14 +174,23 @@ def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, reque
         raise
 
 
-def test_the_decoder_switch_shows_where_the_session_has_the_fast_decoder(fast_server, browser):
+def test_the_decoder_switch_shows_where_the_session_has_the_fast_decoder(
+    fast_server, browser, tmp_path, request
+):
     by_id = lambda i: browser.find_element("id", i)  # noqa: E731
-    browser.get(fast_server)
-    _wait(lambda: by_id("status").text == "live", what="the WebSocket")
-    _wait(lambda: by_id("decoder_switch").is_displayed(), what="the decoder switch")
-    assert by_id("decoder").text == "vae" and not by_id("fast").is_selected()
-    cell = int(by_id("cell").text)
-    by_id("fast").click()
-    _wait(lambda: by_id("decoder").text == "fast", what="the runtime's fast decoder")
-    _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells after the switch")
-    assert by_id("status").text == "live" and not by_id("note").text
+    state = lambda: _page_state(browser)  # noqa: E731
+    try:
+        browser.get(fast_server)
+        _wait(lambda: by_id("status").text == "live", what="the WebSocket", state=state)
+        _wait(lambda: by_id("decoder_switch").is_displayed(), what="the decoder switch", state=state)
+        assert by_id("decoder").text == "vae" and not by_id("fast").is_selected()
+        cell = int(by_id("cell").text)
+        by_id("fast").click()
+        _wait(lambda: by_id("decoder").text == "fast", what="the runtime's fast decoder", state=state)
+        _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells after the switch", state=state)
+        assert by_id("status").text == "live" and not by_id("note").text
+    except BaseException:
+        artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(artifacts / f"{request.node.name}.png"))
+        raise
