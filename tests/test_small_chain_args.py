@@ -21,7 +21,7 @@ def test_the_lever_checks_are_the_named_ones_in_order_and_unknown_names_are_refu
 
 def test_set_puts_fields_into_a_stage_section_and_refuses_unknown_stages_and_fields():
     sets = stage_sets(["stage3_dmd.real_guidance=2", "stage3_dmd.val.every=25", "stage1_tf.max_steps=7"])
-    assert sets == {"stage3_dmd": {"real_guidance": 2, "val.every": 25}, "stage1_tf": {"max_steps": 7}}
+    assert sets == {"stage3_dmd": {"real_guidance": 2, "val": {"every": 25}}, "stage1_tf": {"max_steps": 7}}
     sec = _stage_section("stage3_dmd", False, {"stage3_dmd": 40}, sets)
     assert sec == {"max_steps": 40, "real_guidance": 2, "val": {"every": 25}}
     assert _stage_section("stage2_cd", False, {}, sets) == {}
@@ -39,7 +39,7 @@ def test_a_variant_is_a_named_set_of_the_last_stage_s_fields_checked_as_set_is()
     variants = stage_variants(["g2:real_guidance=2", "g15:real_guidance=1.5,val.every=10"], "stage3_dmd")
     assert variants == {
         "g2": {"stage3_dmd": {"real_guidance": 2}},
-        "g15": {"stage3_dmd": {"real_guidance": 1.5, "val.every": 10}},
+        "g15": {"stage3_dmd": {"real_guidance": 1.5, "val": {"every": 10}}},
     }
     for bad in ("real_guidance=2", "g2:", "g/2:real_guidance=2"):
         with pytest.raises(SystemExit, match="expected NAME:FIELD=VALUE"):

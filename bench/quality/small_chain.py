@@ -38,6 +38,7 @@ from bench.quality import small_preset
 from bench.quality.small_preset import launch, phase, start_launch
 
 PHASES = ("sft", "stage1_tf", "stage2_cd", "stage3_dmd", "deploy", "fast_decoder", "eval")
+TRAINED = PHASES[1 : PHASES.index("stage3_dmd") + 1]  # the stages trained after the SFT, in order
 # issue 34: the fast decoder distilled from the preset's VAE on its latents (the fast_decoder asset's
 # job), its record (held-out PSNR vs the VAE and vs the frames, ms a cell) printed; --smoke: a few steps
 SMOKE_FAST_DECODER: dict[str, Any] = {"steps": 4, "batch": 2, "max_clips": 2}
@@ -83,29 +84,27 @@ def lever_checks(chosen: str | None, smoke: bool, fitted: bool = True) -> list[s
 
 
 def stage_sets(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``--set STAGE.FIELD=VALUE`` items -> stage -> {dotted field: the YAML value}. Refused before
-    any work, naming the item or the field: a stage not trained here, an item without a value, a
-    field its small preset's section does not take."""
-    import yaml
+    """``--set STAGE.FIELD=VALUE`` items -> stage -> its section's fields, nested (the config's own
+    override parsing: dotted keys, YAML values). Refused before any work, naming the item or the
+    field: a stage not trained here, an item without a field or a value, a field its small preset's
+    section does not take."""
     from pydantic import ValidationError
 
-    from gc25d_core.config import deep_merge
-    from gc25d_core.schema import format_validation_error
+    from gc25d_core.config import deep_merge, parse_overrides
+    from gc25d_core.schema import ConfigError, format_validation_error
     from gc25d_core.train.presets import STAGES, stage_section
 
-    trained = PHASES[PHASES.index("stage1_tf") : PHASES.index("stage3_dmd") + 1]
-    out: dict[str, dict[str, Any]] = {}
     for item in items:
-        key, eq, value = item.partition("=")
-        stage, _, field = key.partition(".")
-        if not eq or not field or stage not in trained:
-            raise SystemExit(f"--set {item!r}: expected STAGE.FIELD=VALUE with STAGE one of {list(trained)}")
-        out.setdefault(stage, {})[field] = yaml.safe_load(value)
-    for stage in out:
+        stage, _, field = item.partition("=")[0].partition(".")
+        if not field or stage not in TRAINED:
+            raise SystemExit(f"--set {item!r}: expected STAGE.FIELD=VALUE with STAGE one of {list(TRAINED)}")
+    try:
+        out: dict[str, dict[str, Any]] = parse_overrides(items)
+    except ConfigError as e:
+        raise SystemExit(f"--set: {e}") from None
+    for stage, fields in out.items():
         try:
-            STAGES[stage].model_validate(
-                deep_merge(stage_section(stage, "small"), _stage_section(stage, False, {}, out))
-            )
+            STAGES[stage].model_validate(deep_merge(stage_section(stage, "small"), fields))
         except ValidationError as e:
             raise SystemExit(format_validation_error(e, f"--set {stage}")) from None
     return out
@@ -131,13 +130,9 @@ def _stage_section(
         sec |= SMOKE_STAGE3
     if name in steps:
         sec["max_steps"] = steps[name]
-    for field, value in (sets or {}).get(name, {}).items():
-        *parents, leaf = field.split(".")
-        node = sec
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return sec
+    from gc25d_core.config import deep_merge
+
+    return deep_merge(sec, (sets or {}).get(name, {}))
 
 
 def _handoff_model(path: Path, export: str) -> dict[str, Any]:
@@ -220,13 +215,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     steps = {k: int(v) for k, _, v in (s.partition("=") for s in args.steps)}
     sets = stage_sets(args.set)
-    trained = [
-        s for s in PHASES[1 : PHASES.index("stage3_dmd") + 1] if PHASES.index(s) <= PHASES.index(args.through)
-    ]
+    trained = [s for s in TRAINED if PHASES.index(s) <= PHASES.index(args.through)]
     if args.variant and not trained:
         raise SystemExit(f"--variant: --through {args.through} trains no stage after the SFT")
     variants = stage_variants(args.variant, trained[-1]) if args.variant else {}
 
+    from gc25d_core.config import deep_merge
     from gc25d_core.eval.live import default_live_ceiling
     from gc25d_core.eval.spec import EvalConfig
     from gc25d_core.handoff import read_handoff
@@ -286,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         handoffs[stage.name] = train(stage, runs_root / stage.name / snapshot, sets)
     last_stage = next(s for s in STAGES if s.name == trained[-1])
     for name, fields in variants.items():
-        merged = {**sets, last_stage.name: {**sets.get(last_stage.name, {}), **fields[last_stage.name]}}
+        merged = {**sets, last_stage.name: deep_merge(sets.get(last_stage.name, {}), fields[last_stage.name])}
         handoffs[f"{last_stage.name}-{name}"] = train(
             last_stage, runs_root / f"{last_stage.name}-{name}" / snapshot, merged
         )
