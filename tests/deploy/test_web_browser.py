@@ -117,6 +117,13 @@ def _page_state(browser) -> dict[str, object]:
     return {**texts, "fast checked": browser.find_element("id", "fast").is_selected()}
 
 
+def _screenshot(browser, tmp_path, request) -> None:
+    """The page as it was when the test failed, under $GC25D_TEST_ARTIFACTS (default ``tmp_path``)."""
+    artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(artifacts / f"{request.node.name}.png"))
+
+
 def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, request):
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -168,9 +175,7 @@ def test_page_plays_frames_that_follow_the_keys(server, browser, tmp_path, reque
         assert not by_id("decoder_switch").is_displayed()
         assert by_id("status").text == "live"
     except BaseException:
-        artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))
-        artifacts.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(artifacts / f"{request.node.name}.png"))
+        _screenshot(browser, tmp_path, request)
         raise
 
 
@@ -190,7 +195,5 @@ def test_the_decoder_switch_shows_where_the_session_has_the_fast_decoder(
         _wait(lambda: int(by_id("cell").text) >= cell + 2, what="cells after the switch", state=state)
         assert by_id("status").text == "live" and not by_id("note").text
     except BaseException:
-        artifacts = Path(os.environ.get("GC25D_TEST_ARTIFACTS", tmp_path))
-        artifacts.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(artifacts / f"{request.node.name}.png"))
+        _screenshot(browser, tmp_path, request)
         raise
