@@ -131,6 +131,24 @@ def test_cache_worker_names_are_names(worker):
     assert shard_paths("w0", "w0-000000") == ("shards/w0/w0-000000.tar", "receipts/w0/w0-000000.json")
 
 
+@pytest.mark.parametrize("label", ["../../evil", "/tmp/x", "a/b", "", ".x", "x\n"])
+def test_eval_input_export_labels_are_names(label, tmp_path):
+    # a label names the export's folder of the eval's run folder (<label>/metrics.json)
+    from gc25d_core.eval.spec import INPUT_FILE, EvalInput, read_model
+
+    export = {"label": label, "path": "sft/e.safetensors", "sha256": None, "stage": "sft", "step": 1}
+    ok = {**export, "label": "stage3_g1.5_ema"}
+    doc = {"manifest_version": 1, "eval": {}, "exports": [ok, export]}
+    (tmp_path / INPUT_FILE).write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as e:
+        read_model(tmp_path, INPUT_FILE, EvalInput)
+    assert str(tmp_path / INPUT_FILE) in str(e.value) and "exports.1" in str(e.value)
+    assert f"label={label!r}" in str(e.value)
+    doc["exports"] = [ok]
+    (tmp_path / INPUT_FILE).write_text(json.dumps(doc))
+    assert read_model(tmp_path, INPUT_FILE, EvalInput).exports[0].label == "stage3_g1.5_ema"
+
+
 @pytest.mark.parametrize("scene", ["../x", "a/b", "", ".x", "x\n", "a" * 101])
 def test_clip_id_parts_are_names(scene):
     with pytest.raises(ValueError, match="scene="):

@@ -26,6 +26,7 @@ import numpy as np
 
 from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
 from gc25d_core.eval.metrics import json_safe
+from gc25d_core.names import path_under
 from gc25d_core.plots import line_plot_png
 from gc25d_core.preview import png_bytes
 
@@ -279,7 +280,7 @@ def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: floa
     md = ["# Evaluation", "", table, ""]
     for r in results:
         label = r["export"]["label"]
-        folder = out_dir / label
+        folder = path_under(out_dir, label, "export label")
         folder.mkdir(parents=True, exist_ok=True)
         doc = {k: v for k, v in r.items() if k not in ("rollouts", "strips")}
         files.json_files[label] = atomic_write_text(folder / "metrics.json", dumps(doc))

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator
 from gc25d_core.atomic import atomic_write_text
 from gc25d_core.eval.metrics import PSNR_CAP_DB
 from gc25d_core.eval.sweeps import SWEEP_CELLS
+from gc25d_core.names import check_name
 from gc25d_core.schema import ConfigError, Strict, format_validation_error
 
 INPUT_FILE = "eval_input.json"
@@ -74,6 +75,10 @@ class EvalExport:
     stage: str
     step: int
     recorded: str | None = None  # the path as eval_input.json names it (set by ``located``)
+
+    def __post_init__(self) -> None:
+        # the label names the export's folder of the eval's run folder (<label>/metrics.json)
+        check_name(self.label, "label")
 
     def located(self, runs_root: Path | str) -> EvalExport:
         """The export with its file's path under ``runs_root`` (an absolute path stays as it is),
