@@ -16,7 +16,20 @@ import numpy as np
 
 from gc25d_core.preview import png_bytes
 
-COLORS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75))
+# matplotlib's tab10, in its order: ten series (an eval of every export and a few variants) before a
+# colour repeats
+COLORS = (
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+)
 
 
 def decode_png(png: bytes) -> np.ndarray:

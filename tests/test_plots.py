@@ -23,6 +23,14 @@ def test_line_plot_draws_each_series_over_its_own_x():
     assert (rgb != 255).any(axis=2).sum() > 500  # axes, ticks, lines, legend
 
 
+def test_ten_series_get_ten_colours():
+    # the legend's swatch of series i sits 18 px below the one before, right of the plot
+    names = [f"s{i}" for i in range(10)]
+    rgb = decode_png(line_plot_png({n: [float(i), float(i) + 1] for i, n in enumerate(names)}, "t", "y"))
+    swatches = {tuple(int(c) for c in rgb[30 + 18 * i + 14 - 4, 760 - 170 + 20]) for i in range(10)}
+    assert len(swatches) == 10 and (255, 255, 255) not in swatches
+
+
 def test_curves_png_has_a_panel_per_logged_quantity():
     train = [
         {"step": s, "loss": 1.0 / s, "lr": 1e-4, "grad_norm": 2.0, "samples_per_s": 3.0} for s in (1, 2, 3)
