@@ -41,7 +41,7 @@ def test_a_variant_is_a_named_set_of_the_last_stage_s_fields_checked_as_set_is()
         "g2": {"stage3_dmd": {"real_guidance": 2}},
         "g15": {"stage3_dmd": {"real_guidance": 1.5, "val": {"every": 10}}},
     }
-    for bad in ("real_guidance=2", "g2:", "g/2:real_guidance=2"):
+    for bad in ("real_guidance=2", "g2:", "g/2:real_guidance=2", "gé:real_guidance=2", "g.2:real_guidance=2"):
         with pytest.raises(SystemExit, match="expected NAME:FIELD=VALUE"):
             stage_variants([bad], "stage3_dmd")
     with pytest.raises(SystemExit, match="a new plain NAME"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -116,7 +117,8 @@ def stage_variants(items: list[str], stage: str) -> dict[str, dict[str, dict[str
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for item in items:
         name, colon, body = item.partition(":")
-        if not colon or not body or not name.replace("_", "").isalnum() or name in out:
+        # ASCII only: the name becomes a folder (runs/<stage>-NAME) and a label in the eval's reports
+        if not colon or not body or not re.fullmatch(r"[A-Za-z0-9_]+", name) or name in out:
             raise SystemExit(f"--variant {item!r}: expected NAME:FIELD=VALUE[,FIELD=VALUE], a new plain NAME")
         out[name] = stage_sets([f"{stage}.{field}" for field in body.split(",")])
     return out
