@@ -103,8 +103,8 @@ services:
 # spend on each other's cores (two such tests side by side: 78 s each spinning, 29 s passive; one alone
 # 20 s against 31). The results do not depend on it.
 TEST_JOBS ?= 2
-test:
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+test:  # MKL strict: tests/__init__.py says why
+	OMP_WAIT_POLICY=PASSIVE MKL_CBWR=AVX2,STRICT $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-gpu:
 	$(PY) -m pytest -q -m "gpu and not fa4"
