@@ -344,7 +344,8 @@ def test_the_fast_rollout_equals_the_module_rollout_with_its_gradients(built, ba
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
-    assert 0 < rel(x_fast, x_module) < 1e-5  # not the same computation: other GEMM shapes
+    # other GEMM shapes: equal where the kernels round alike at every shape (MKL strict), else close
+    assert rel(x_fast, x_module) < 1e-5
     # against the largest gradient: some (a key bias's: softmax ignores it) are rounding noise alone
     top = max(float(b.abs().max()) for b in g_module)
     assert max(float((a - b).abs().max()) for a, b in zip(g_fast, g_module, strict=True)) < 1e-5 * top
