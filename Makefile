@@ -17,12 +17,16 @@ INSTANCE_STATE := history schedules storage .nux .logs_queue .telemetry
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DIFFSYNTH_SKIP_DOWNLOAD := True
 export HF_HUB_OFFLINE := 1
-# The embedded default's numbers (the teacher's table, the eval's) are the same on every x86 box:
+# The embedded default's numbers (the teacher's table, the eval's) are the same on every x86 box of
+# one CPU vendor (MKL honours its branch pin on Intel CPUs only; its cross-vendor branch, COMPATIBLE,
+# is SSE2 and ≈ 2.6x slower on these GEMMs):
 # ATen's vectorised kernels, MKL's GEMMs, oneDNN's convolutions and NumPy's OpenBLAS (the code
 # world's and the camera's float64 maths) take AVX2 code paths, not the
-# widest the CPU has (AVX-512 sums round differently, and a 40-step CPU chain carries that to the
+# widest the CPU has (AVX-512 sums round differently, and the 400-step CPU SFT carries that to the
 # tables' digits: 4.2 % against 15.7 % cond below uncond at t = 500 on two boxes). tests/__init__.py
-# pins the same for the tests. Override with e.g. `make run ATEN_CPU_CAPABILITY=avx512`.
+# pins the same for the tests, with MKL's STRICT mode (on Intel, kernels whose rounding does not
+# depend on the GEMM's shape, which the bit-for-bit tests need). Override with e.g.
+# `make run ATEN_CPU_CAPABILITY=avx512`.
 export ATEN_CPU_CAPABILITY ?= avx2
 export MKL_CBWR ?= AVX2
 export ONEDNN_MAX_CPU_ISA ?= AVX2
