@@ -12,7 +12,7 @@ losses. The loop does the rest the same way for every stage::
     <run_dir>/state/damaged-step-000600/  a slot that failed its check at resume, kept for inspection
     <run_dir>/metrics.jsonl  val.jsonl  train / validation records (rank 0)
     <run_dir>/tensorboard/              the same records as TensorBoard scalars (rank 0)
-    <run_dir>/done.json                 written when max_steps is reached
+    <run_dir>/done.json                 written when max_steps is reached (with the box's numerics)
     <run_dir>/final.json                the hand-off to the next stage (gc25d_core.handoff)
     <run_dir>/.lock                     held by the job running in the folder (gc25d_core.run_lock)
 
@@ -44,6 +44,7 @@ from gc25d_core.stage_config import StageConfig
 from gc25d_core.train.engine import Engine
 from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
 from gc25d_core.train.model import resolve_precision, set_determinism
+from gc25d_core.train.numerics import numerics_record
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 DONE_FILE = "done.json"  # the summary of a run that reached its max_steps
@@ -268,6 +269,8 @@ class StageRun:
             "exports": exports,
             "state_slots": [step_name(s) for s in self.state.steps()],
             "last_val": last_val,
+            # rank 0's CPU, kernels and torch: a CPU chain's digits hold only where these agree
+            "numerics": numerics_record(self.device.type),
             **self.summary(),
         }
         if self.rank == 0 and step >= self.section.max_steps:

@@ -17,6 +17,8 @@ import torch
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.hashing import file_identities
+from gc25d_core.train.loop import DONE_FILE
+from gc25d_core.train.numerics import numerics_line
 
 GAP_MODES = ("cond", "uncond", "null_text")
 
@@ -71,6 +73,17 @@ def gap_table(
 GAP_TARGETS = {500: 0.10, 800: 0.20}
 
 
+def run_numerics(run_dir: Path) -> dict[str, Any] | None:
+    """The numerics record of a finished run's done.json; None before it finished (or from a
+    done.json written before runs kept one)."""
+    try:
+        done = json.loads((run_dir / DONE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    numerics = done.get("numerics") if isinstance(done, dict) else None
+    return numerics if isinstance(numerics, dict) else None
+
+
 def learning_signal_report(run_dir: Path, targets: dict[int, float] | None = None) -> str | None:
     """The run's validations as a table (step × t × cond / uncond / null text, gap = (uncond −
     cond) / uncond) and whether the last one meets ``targets``; None before the first validation."""
@@ -78,10 +91,10 @@ def learning_signal_report(run_dir: Path, targets: dict[int, float] | None = Non
     rows = gap_table(val_records(run_dir))
     if not rows:
         return None
-    lines = [
-        f"SFT validation, {run_dir} (mean MSE over the val clips; gap = (uncond - cond) / uncond)",
-        f"{'step':>6} {'t':>4} {'cond':>8} {'uncond':>8} {'null txt':>8} {'gap':>7}",
-    ]
+    lines = [f"SFT validation, {run_dir} (mean MSE over the val clips; gap = (uncond - cond) / uncond)"]
+    if (numerics := run_numerics(run_dir)) is not None:
+        lines.append(numerics_line(numerics))
+    lines.append(f"{'step':>6} {'t':>4} {'cond':>8} {'uncond':>8} {'null txt':>8} {'gap':>7}")
     for row in rows:
         for t in (200, 500, 800):
             if (g := row.get(f"t{t}")) is not None:

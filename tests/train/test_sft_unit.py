@@ -325,6 +325,26 @@ def test_benchmark_run_without_final_state_or_export(world, tmp_path, one_thread
     assert (tmp_path / "run" / "done.json").is_file()
 
 
+def test_a_finished_run_keeps_its_numerics_and_the_teachers_table_names_them(world, tmp_path, one_thread):
+    """done.json records the CPU, ATen's code path and the pins this process runs under (the
+    tests' own), and the learning-signal table prints them under its header."""
+    import os
+
+    from gc25d_core.train.numerics import NUMERICS_PINS, cpu_identity
+    from gc25d_core.train.previews import learning_signal_report
+
+    run_stage(with_sft(world, "tiny", BENCH_SFT), "sft", tmp_path / "run", StdoutReporter(rank=0))
+    numerics = json.loads((tmp_path / "run" / "done.json").read_text())["numerics"]
+    assert numerics["pins"] == {name: os.environ.get(name) for name in NUMERICS_PINS}
+    assert numerics["pins"]["MKL_CBWR"] == "AVX2,STRICT"  # tests/__init__.py's pin reached the record
+    assert numerics["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability() == "AVX2"
+    assert (numerics["cpu_vendor"], numerics["cpu"]) == cpu_identity()
+    assert numerics["threads"] == 1 and numerics["torch"] == torch.__version__
+    lines = learning_signal_report(tmp_path / "run").splitlines()
+    assert lines[1].startswith("numerics: ") and "MKL_CBWR=AVX2,STRICT" in lines[1]
+    assert lines[2].split() == ["step", "t", "cond", "uncond", "null", "txt", "gap"]
+
+
 def test_masking_uses_the_meta_the_cache_sample_carries(world, tmp_path):
     """Packed samples carry their clip frames' world_to_clip / world_to_view / ground_z, so UNKNOWN
     masking needs no processed layout beside the cache; without them it reads meta_root."""

@@ -1,0 +1,55 @@
+"""The numerics record a finished run keeps in done.json: the CPU read from /proc/cpuinfo's format,
+the kernels' pins as the process has them, and the line the teacher's table prints."""
+
+from __future__ import annotations
+
+from gc25d_core.train.numerics import NUMERICS_PINS, cpu_identity, numerics_line, numerics_record
+
+INTEL = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu avx2 avx512f
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Processor
+"""
+
+
+def test_the_cpu_is_read_from_cpuinfo_and_unknown_where_it_cannot_be(tmp_path):
+    (tmp_path / "cpuinfo").write_text(INTEL)
+    assert cpu_identity(tmp_path / "cpuinfo") == ("GenuineIntel", "Intel(R) Xeon(R) Processor")
+    (tmp_path / "amd").write_text("vendor_id : AuthenticAMD\nmodel name : AMD EPYC 7B13\n")
+    assert cpu_identity(tmp_path / "amd") == ("AuthenticAMD", "AMD EPYC 7B13")
+    assert cpu_identity(tmp_path / "absent") == ("unknown", "unknown")
+    (tmp_path / "bare").write_text("processor : 0\n")
+    assert cpu_identity(tmp_path / "bare") == ("unknown", "unknown")
+
+
+def test_the_record_holds_the_pins_as_set_and_none_where_unset(monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    record = numerics_record("cpu")
+    assert set(record["pins"]) == set(NUMERICS_PINS)
+    assert record["pins"]["MKL_CBWR"] == "COMPATIBLE" and record["pins"]["OPENBLAS_CORETYPE"] is None
+    assert "accelerator" not in record
+    line = numerics_line(record)
+    assert line.startswith("numerics: ") and "MKL_CBWR=COMPATIBLE" in line
+    assert "OPENBLAS_CORETYPE" not in line  # unset: not named as if pinned
+
+
+def test_the_line_names_the_box_the_kernels_and_the_accelerator():
+    record = {
+        "cpu_vendor": "AuthenticAMD",
+        "cpu": "AMD EPYC 7B13",
+        "aten_cpu_capability": "AVX2",
+        "pins": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": None},
+        "torch": "2.13.0",
+        "threads": 1,
+        "accelerator": "NVIDIA H200",
+    }
+    assert numerics_line(record) == (
+        "numerics: AuthenticAMD AMD EPYC 7B13, ATen AVX2, ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2, "
+        "torch 2.13.0, 1 threads a rank, NVIDIA H200"
+    )
