@@ -79,6 +79,7 @@ def test_cuda_fsdp_resumes_and_the_curve_continues(fsdp_runs):
     assert "resumed from" in out and f"(step {RESUME_AT})" in out
     done = json.loads((root / "resumed" / "done.json").read_text())
     assert (done["resumed_from_step"], done["final_step"], done["world_size"]) == (RESUME_AT, STEPS, 1)
+    assert done["numerics"]["accelerator"] == torch.cuda.get_device_name()  # the card the digits came from
     resumed, full = _records(root / "resumed" / "metrics.jsonl"), _records(root / "full" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [r["step"] for r in full] == list(range(1, STEPS + 1))
     assert resumed[:RESUME_AT] == fsdp_runs["first_curve"]  # the first launch's records kept as they were
