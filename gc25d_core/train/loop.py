@@ -44,7 +44,7 @@ from gc25d_core.stage_config import StageConfig
 from gc25d_core.train.engine import Engine
 from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
 from gc25d_core.train.model import resolve_precision, set_determinism
-from gc25d_core.train.numerics import numerics_record
+from gc25d_core.train.numerics import numerics_differ, numerics_record
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 DONE_FILE = "done.json"  # the summary of a run that reached its max_steps
@@ -111,6 +111,8 @@ class StageRun:
             "micro_batch": self.section.micro_batch,
             "grad_accum": self.section.grad_accum,
             "seed": self.section.seed,
+            # not a resume key: a run may go on elsewhere, but not to the bit (warned at resume)
+            "numerics": numerics_record(self.device.type),
         }
 
     def _init_identity(self) -> str:
@@ -181,6 +183,14 @@ class StageRun:
         if point.folder is not None:
             self.state.load(point, self.state_parts())
             self.rep.log(f"resumed from {point.folder} (step {point.step})")
+            if self.rank == 0 and (
+                why := numerics_differ(point.meta.get("numerics"), numerics_record(self.device.type))
+            ):
+                self.rep.log(
+                    f"{point.folder} was saved under other numerics ({why}): the steps from here round "
+                    "differently from an uninterrupted run's and will not match it to the bit",
+                    level="warning",
+                )
         start_step = point.step
         # records and events past the resumed state were written by an attempt whose steps are redone
         # (a start at step 0, also after an attempt killed before its first slot, redoes the step-0

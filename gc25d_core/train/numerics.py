@@ -68,3 +68,19 @@ def numerics_line(record: dict[str, Any]) -> str:
     if record.get("accelerator"):
         parts.append(str(record["accelerator"]))
     return "numerics: " + ", ".join(parts)
+
+
+def numerics_differ(saved: Any, now: dict[str, Any]) -> str | None:
+    """What differs between the numerics a state was saved under and this process's, as
+    "field: saved -> now; ..."; None where they agree or the state kept none (saved before runs
+    recorded them)."""
+    if not isinstance(saved, dict):
+        return None
+    changes = []
+    for key in sorted(set(saved) | set(now)):
+        if key == "pins":
+            a, b = saved.get("pins") or {}, now.get("pins") or {}
+            changes += [f"{n}: {a.get(n)} -> {b.get(n)}" for n in NUMERICS_PINS if a.get(n) != b.get(n)]
+        elif saved.get(key) != now.get(key):
+            changes.append(f"{key}: {saved.get(key)} -> {now.get(key)}")
+    return "; ".join(changes) or None

@@ -3,7 +3,13 @@ the kernels' pins as the process has them, and the line the teacher's table prin
 
 from __future__ import annotations
 
-from gc25d_core.train.numerics import NUMERICS_PINS, cpu_identity, numerics_line, numerics_record
+from gc25d_core.train.numerics import (
+    NUMERICS_PINS,
+    cpu_identity,
+    numerics_differ,
+    numerics_line,
+    numerics_record,
+)
 
 INTEL = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -52,4 +58,14 @@ def test_the_line_names_the_box_the_kernels_and_the_accelerator():
     assert numerics_line(record) == (
         "numerics: AuthenticAMD AMD EPYC 7B13, ATen AVX2, ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2, "
         "torch 2.13.0, 1 threads a rank, NVIDIA H200"
+    )
+
+
+def test_what_differs_is_named_field_by_field_and_an_old_state_is_no_difference():
+    now = {"cpu_vendor": "GenuineIntel", "cpu": "Xeon", "pins": {"MKL_CBWR": "AVX2"}, "threads": 1}
+    assert numerics_differ(dict(now), now) is None
+    assert numerics_differ(None, now) is None  # a state saved before runs kept their numerics
+    amd = {**now, "cpu_vendor": "AuthenticAMD", "cpu": "EPYC", "pins": {"MKL_CBWR": None}, "threads": 2}
+    assert numerics_differ(amd, now) == (
+        "cpu: EPYC -> Xeon; cpu_vendor: AuthenticAMD -> GenuineIntel; MKL_CBWR: None -> AVX2; threads: 2 -> 1"
     )

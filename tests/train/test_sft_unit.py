@@ -345,6 +345,28 @@ def test_a_finished_run_keeps_its_numerics_and_the_teachers_table_names_them(wor
     assert lines[2].split() == ["step", "t", "cond", "uncond", "null", "txt", "gap"]
 
 
+def test_a_resume_under_other_numerics_warns_that_it_will_not_match_to_the_bit(
+    world, tmp_path, one_thread, capsys, monkeypatch
+):
+    """The state keeps the numerics it was saved under; a resume with the same ones says nothing,
+    one where a kernel pin changed still resumes and warns, naming the pin and both values."""
+    sft = {**BENCH_SFT, "state_every": 1, "state_final": True}
+    cfg = with_sft(world, "tiny", sft)
+    run_stage(cfg, "sft", tmp_path / "run", StdoutReporter(rank=0), max_steps=1)
+    capsys.readouterr()
+    run_stage(cfg, "sft", tmp_path / "run", StdoutReporter(rank=0), max_steps=1)
+    assert "other numerics" not in capsys.readouterr().out
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    out = run_stage(cfg, "sft", tmp_path / "run", StdoutReporter(rank=0))
+    assert out["resumed_from_step"] == 1 and out["final_step"] == 2
+    warnings = [
+        json.loads(x)["message"]
+        for x in capsys.readouterr().out.splitlines()
+        if x.startswith("{") and '"warning"' in x
+    ]
+    assert any("other numerics (MKL_CBWR: AVX2,STRICT -> COMPATIBLE)" in w for w in warnings), warnings
+
+
 def test_masking_uses_the_meta_the_cache_sample_carries(world, tmp_path):
     """Packed samples carry their clip frames' world_to_clip / world_to_view / ground_z, so UNKNOWN
     masking needs no processed layout beside the cache; without them it reads meta_root."""
