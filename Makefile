@@ -24,11 +24,13 @@ export HF_HUB_OFFLINE := 1
 # world's and the camera's float64 maths) take AVX2 code paths, not the
 # widest the CPU has (AVX-512 sums round differently, and the 400-step CPU SFT carries that to the
 # tables' digits: 4.2 % against 15.7 % cond below uncond at t = 500 on two boxes). tests/__init__.py
-# pins the same for the tests, with MKL's STRICT mode (on Intel, kernels whose rounding does not
-# depend on the GEMM's shape, which the bit-for-bit tests need). Override with e.g.
-# `make run ATEN_CPU_CAPABILITY=avx512`.
+# pins the same for the tests. MKL's AVX2 mode is strict: on an Intel CPU its plain AVX2 mode picks
+# a GEMM kernel by the GEMM's shape and rounds otherwise when the box is busy (the tiny VAE's fit
+# gave other weights beside one busy core, idle or with MKL_DYNAMIC=FALSE), so a rerun of `make run`
+# printed other digits; strict GEMMs do not depend on the shape, the thread count or the load.
+# Override with e.g. `make run ATEN_CPU_CAPABILITY=avx512`.
 export ATEN_CPU_CAPABILITY ?= avx2
-export MKL_CBWR ?= AVX2
+export MKL_CBWR ?= AVX2,STRICT
 export ONEDNN_MAX_CPU_ISA ?= AVX2
 export OPENBLAS_CORETYPE ?= Haswell
 
@@ -107,8 +109,8 @@ services:
 # spend on each other's cores (two such tests side by side: 78 s each spinning, 29 s passive; one alone
 # 20 s against 31). The results do not depend on it.
 TEST_JOBS ?= 2
-test:  # MKL strict: tests/__init__.py says why
-	OMP_WAIT_POLICY=PASSIVE MKL_CBWR=AVX2,STRICT $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+test:
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-gpu:
 	$(PY) -m pytest -q -m "gpu and not fa4"
