@@ -17,17 +17,17 @@ INSTANCE_STATE := history schedules storage .nux .logs_queue .telemetry
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DIFFSYNTH_SKIP_DOWNLOAD := True
 export HF_HUB_OFFLINE := 1
-# The embedded default's numbers (the teacher's table, the eval's) are the same on every AMD EPYC box
-# (MKL honours its branch pin on Intel CPUs only; its cross-vendor branch, COMPATIBLE, is SSE2 and
-# ≈ 2.6x slower on these GEMMs): ATen's vectorised kernels, MKL's GEMMs, oneDNN's convolutions and NumPy's OpenBLAS (the code
-# world's and the camera's float64 maths) take AVX2 code paths, not the
-# widest the CPU has (AVX-512 sums round differently, and the 400-step CPU SFT carries that to the
-# tables' digits: 4.2 % against 15.7 % cond below uncond at t = 500 on two boxes). tests/__init__.py
-# pins the same for the tests. MKL's AVX2 mode is strict: on an Intel CPU its plain AVX2 mode picks
-# a GEMM kernel by the GEMM's shape and rounds otherwise when the box is busy (the tiny VAE's fit
-# alone gave other weights beside one busy core, also with MKL_DYNAMIC=FALSE; strict: the same).
-# On that Intel box `make run` still printed other digits from run to run (docs/learning_signal.md,
-# "`make run` on an Intel Xeon"); the AMD boxes gave the same tables run after run.
+# The embedded default's numbers (the teacher's table, the eval's) are the same on every AMD EPYC box:
+# ATen's vectorised kernels, MKL's GEMMs, oneDNN's convolutions and NumPy's OpenBLAS (the code
+# world's and the camera's float64 maths) take AVX2 code paths, not the widest the CPU has (AVX-512
+# sums round differently, and the 400-step CPU SFT carries that to the tables' digits: 4.2 % against
+# 15.7 % cond below uncond at t = 500 on two boxes). tests/__init__.py pins the same for the tests.
+# MKL honours its branch pin on Intel CPUs only (its cross-vendor branch, COMPATIBLE, is SSE2 and
+# ≈ 2.6x slower on these GEMMs), and there its AVX2 mode is strict: plain AVX2 picks a GEMM kernel
+# by the GEMM's shape and rounds otherwise when the box is busy (the tiny VAE's fit alone gave other
+# weights beside one busy core, also with MKL_DYNAMIC=FALSE; strict: the same). On that Intel box
+# `make run` still printed other digits from run to run (docs/learning_signal.md, "`make run` on an
+# Intel Xeon"); the AMD boxes gave the same tables run after run.
 # Override with e.g. `make run ATEN_CPU_CAPABILITY=avx512`.
 export ATEN_CPU_CAPABILITY ?= avx2
 export MKL_CBWR ?= AVX2,STRICT
