@@ -107,6 +107,8 @@ def test_prep_assets_through_dagster_pass_the_layout_validators(tmp_path, tiny_r
 
     record = record_file(cfg).read_text()  # names its file, not the data root it was written under
     assert json.loads(record)["path"] == "tiny_vae.safetensors" and str(tmp_path) not in record
+    numerics = json.loads(record)["numerics"]  # the fit's process: its threads, tests/__init__.py's pins
+    assert numerics["threads"] == cfg.vae.fit.threads and numerics["pins"]["MKL_CBWR"] == "AVX2,STRICT"
     from gc25d_core.preview import video_info
 
     video = video_info(mats["latents"]["preview_video"].value)

@@ -27,6 +27,7 @@ import numpy as np
 from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
 from gc25d_core.eval.metrics import json_safe
 from gc25d_core.names import path_under
+from gc25d_core.numerics import numerics_line
 from gc25d_core.plots import line_plot_png
 from gc25d_core.preview import png_bytes
 
@@ -270,12 +271,30 @@ class ReportFiles:
     plots: dict[str, bytes] = field(default_factory=dict)  # name -> PNG bytes (also on disk)
 
 
+def numerics_note(results: Sequence[dict[str, Any]]) -> str:
+    """The numerics the rows' digits came from (gc25d_core.numerics): one line where they agree, else
+    one line per record naming its rows (export/sweep), so a table that mixes rows kept from another
+    box, or from before rows recorded it, says which ones. Empty without rows."""
+    rows_of: dict[str, list[str]] = {}
+    for r in results:
+        for sweep, record in (r.get("numerics") or {}).items():
+            line = numerics_line(record) if record else "numerics: not recorded"
+            rows_of.setdefault(line, []).append(f"{r['export']['label']}/{sweep}")
+    if len(rows_of) <= 1:
+        return next(iter(rows_of), "")
+    return "rows computed under other numerics:\n" + "\n".join(
+        f"- {line.removeprefix('numerics: ')}: {', '.join(rows)}" for line, rows in rows_of.items()
+    )
+
+
 def write_reports(out_dir: Path, results: Sequence[dict[str, Any]], cap_db: float = 100.0) -> ReportFiles:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = table_rows(results)
     has_clips = any(s in r["sweeps"] for r in results for s in ("clip28", "chain241"))
     table = table_markdown(rows) if has_clips or not results else ""
+    numerics = numerics_note(results)
+    table = f"{numerics}\n\n{table}" if numerics and table else table or numerics
     files = ReportFiles(out_dir, table)
     md = ["# Evaluation", "", table, ""]
     for r in results:

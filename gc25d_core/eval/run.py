@@ -57,6 +57,7 @@ from gc25d_core.eval.store import (
 )
 from gc25d_core.eval.sweeps import Case
 from gc25d_core.hashing import file_identities
+from gc25d_core.numerics import numerics_record
 from gc25d_core.report import Reporter
 
 # the job's live session code and world (gc25d_core.jobs.eval_live.DeployBackend): (vae, device) -> backend
@@ -194,6 +195,7 @@ def run_eval(
         vae = build_vae_for(cfg, device)
     live_backend = backend(vae, device) if backend is not None and live else None
     code, ctx, store = code_version(), context_doc(cfg, vae is not None), ResultStore.of(cfg)
+    here = numerics_record(device.type)  # kept with each row this run computes
     docs: dict[str, dict[str, Any]] = {s: clip_sweep_doc(s, spec, c) for s, c in cases.items()}
     if live_backend is not None:
         docs |= {s.name: live_sweep_doc(s, spec, live_backend.describe()) for s in live}
@@ -224,6 +226,7 @@ def run_eval(
                     "sampler": result["sampler"],
                     "sweep": result["sweeps"][s],
                     "strip": result["strips"].get(s),
+                    "numerics": here,
                 }
                 store.put(keys[e.label, s], rows[e.label, s])
         if torch.cuda.is_available():
@@ -239,13 +242,13 @@ def run_eval(
             run_dir,
             ecfg.psnr_cap_db,
             rep.log,
-            keep=lambda k, row: store.put(keys[k], row),  # each row stored as soon as it exists
+            keep=lambda k, row: store.put(keys[k], {**row, "numerics": here}),  # stored as soon as it exists
             ceiling=ecfg.live_ceiling,
         )
         for e, ls in pending:
             computed[ls.name] += len(KINDS)
             if got is not None:
-                rows[e.label, ls.name] = got[e.label, ls.name]
+                rows[e.label, ls.name] = {**got[e.label, ls.name], "numerics": here}
     rep.log(f"computed {computed}; kept {len(kept)} rows of earlier runs")
     out = None
     if rank == 0:
@@ -286,4 +289,5 @@ def export_result(
         "same_as": evaluated_as if evaluated_as != export.label else None,
         "sweeps": {s: r["sweep"] for s, r in mine.items()},
         "strips": {s: r["strip"] for s, r in mine.items()},
+        "numerics": {s: r.get("numerics") for s, r in mine.items()},
     }

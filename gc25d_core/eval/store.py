@@ -132,7 +132,8 @@ class ResultStore:
         return self.folder / f"{key}.json"
 
     def put(self, key: str, row: dict[str, Any]) -> None:
-        """``row``: {"sampler": …, "sweep": the sweep's result, "strip": PNG bytes or None}; NaN
+        """``row``: {"sampler": …, "sweep": the sweep's result, "strip": PNG bytes or None,
+        "numerics": the computing process's record or None}; NaN
         kept as NaN so that a kept row gives the same report files as a fresh one."""
         strip = row.get("strip")
         doc = {
@@ -140,6 +141,9 @@ class ResultStore:
             "sampler": row["sampler"],
             "sweep": row["sweep"],
             "strip": None if strip is None else base64.b64encode(strip).decode(),
+            # the box and kernel paths its digits came from (gc25d_core.numerics): not part of the
+            # key, so a shared store keeps a row computed elsewhere, and the report says so
+            "numerics": row.get("numerics"),
         }
         self.folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path(key), json.dumps(doc, allow_nan=True, default=_plain))
@@ -155,6 +159,7 @@ class ResultStore:
                 "sampler": doc["sampler"],
                 "sweep": doc["sweep"],
                 "strip": None if strip is None else base64.b64decode(strip),
+                "numerics": doc.get("numerics"),  # None: kept before rows recorded it
             }
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None

@@ -34,6 +34,7 @@ from gc25d_core.models.vae_fit import (
     state_file,
     uses_fitted_vae,
 )
+from gc25d_core.numerics import numerics_record
 from gc25d_core.preprocess.clips import build_cond
 from gc25d_core.preprocess.latents import load_clip_frames
 from gc25d_core.preprocess.tasks import RunCache
@@ -113,6 +114,8 @@ def run_fit(cfg: Gc25dConfig, rep: Reporter) -> dict[str, Any]:
         "psnr_heldout_db": 10 * float(np.log10(4.0 / held_mse)) if held_frames else float("nan"),
         "fit_seconds": fit_s,
         "seconds": time.perf_counter() - t0,
+        # the box and kernel paths the weights came from: the same inputs fit to other bits elsewhere
+        "numerics": numerics_record(fit.device),
         **({} if first is None else {"first_phase": first}),  # resumed_from above: the warm phase's
     }
     atomic_write_text(record_file(cfg), json.dumps(rec, indent=1))

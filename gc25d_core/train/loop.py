@@ -39,12 +39,12 @@ from gc25d_core.distributed import barrier, global_rank, pick_device, world_size
 from gc25d_core.faults import maybe_inject_fault
 from gc25d_core.flow import WAN_SCHEDULE, FlowSchedule
 from gc25d_core.handoff import FINAL, TEACHER
+from gc25d_core.numerics import numerics_differ, numerics_record
 from gc25d_core.report import Reporter
 from gc25d_core.stage_config import StageConfig
 from gc25d_core.train.engine import Engine
 from gc25d_core.train.metrics import JsonlLog, StepProfiler, TensorBoardLog
 from gc25d_core.train.model import resolve_precision, set_determinism
-from gc25d_core.train.numerics import numerics_differ, numerics_record
 from gc25d_core.train.state import ResumePoint, RunState, Stateful
 
 DONE_FILE = "done.json"  # the summary of a run that reached its max_steps

@@ -17,8 +17,8 @@ import torch
 
 from gc25d_core.config import Gc25dConfig
 from gc25d_core.hashing import file_identities
+from gc25d_core.numerics import numerics_line
 from gc25d_core.train.loop import DONE_FILE
-from gc25d_core.train.numerics import numerics_line
 
 GAP_MODES = ("cond", "uncond", "null_text")
 

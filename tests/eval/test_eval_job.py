@@ -91,6 +91,10 @@ def test_two_ranks_write_the_files_of_one_and_a_relaunch_keeps_what_was_evaluate
         assert str(root) not in (one / name).read_text(), f"{name} names the runs root's absolute path"
     out = json.loads((two / "eval_output.json").read_text())
     assert out["computed"] == {"clip28": 4, "chain241": 2, "live240": 3} and out["kept"] == []
+    # the table opens with the numerics its rows were computed under (one record: one line)
+    head = (one / "table.md").read_text().splitlines()[0]
+    assert head.startswith("numerics: ") and "MKL_CBWR=AVX2,STRICT" in head and "1 threads a rank" in head
+    assert doc["numerics"]["live240"]["pins"]["MKL_CBWR"] == "AVX2,STRICT"
 
     # a relaunch: the teacher's kept rows are taken as they are (marked here to tell), the causal
     # export's missing ones are evaluated again, to the same bytes
@@ -98,6 +102,7 @@ def test_two_ranks_write_the_files_of_one_and_a_relaunch_keeps_what_was_evaluate
         row = json.loads(path.read_text())
         if row["sampler"]["kind"] == "teacher":
             row["sampler"]["kept"] = True
+            row["numerics"] = {**row["numerics"], "cpu": "Another CPU"}  # as if computed on another box
             path.write_text(json.dumps(row))
         else:
             path.unlink()
@@ -110,6 +115,13 @@ def test_two_ranks_write_the_files_of_one_and_a_relaunch_keeps_what_was_evaluate
     out = json.loads((one / "eval_output.json").read_text())
     assert out["computed"] == {"clip28": 2, "chain241": 1, "live240": 3}
     assert out["kept"] == ["sft/chain241", "sft/clip28"]
+    # the table names the rows whose digits came from other numerics, and which
+    lines = (one / "table.md").read_text().split("\n\n")[0].splitlines()
+    assert lines[0] == "rows computed under other numerics:" and len(lines) == 3, lines
+    other = next(line for line in lines if "Another CPU" in line)
+    assert other.endswith(": sft/clip28, sft/chain241"), other
+    here = next(line for line in lines[1:] if "Another CPU" not in line)
+    assert "stage1_tf/clip28" in here and "stage1_tf/live240" in here and "sft/" not in here
 
 
 def test_a_kept_row_is_keyed_by_the_export_the_sweep_and_the_code(world, tmp_path):
@@ -135,7 +147,12 @@ def test_a_kept_row_is_keyed_by_the_export_the_sweep_and_the_code(world, tmp_pat
     (edited / "eval" / "metrics.py").write_text((edited / "eval" / "metrics.py").read_text() + "\n# edited\n")
     assert code_version(edited, ("eval",)) != code_version(sources=("eval",))
     store = ResultStore(tmp_path / "rows")
-    store.put(key(), {"sampler": {"kind": "causal"}, "sweep": {"x": float("nan")}, "strip": b"png"})
+    record = {"cpu_vendor": "GenuineIntel", "cpu": "Xeon", "threads": 1}
+    row = {"sampler": {"kind": "causal"}, "sweep": {"x": float("nan")}, "strip": b"png", "numerics": record}
+    store.put(key(), row)
     got = store.get(key())
     assert got is not None and got["strip"] == b"png" and math.isnan(got["sweep"]["x"])
+    assert got["numerics"] == record  # kept beside the row, not in its key
+    store.put(key(), {k: v for k, v in row.items() if k != "numerics"})
+    assert store.get(key())["numerics"] is None  # a row from before rows recorded it
     assert store.get(key(export="0" * 64)) is None

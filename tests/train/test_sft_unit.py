@@ -330,7 +330,7 @@ def test_a_finished_run_keeps_its_numerics_and_the_teachers_table_names_them(wor
     tests' own), and the learning-signal table prints them under its header."""
     import os
 
-    from gc25d_core.train.numerics import NUMERICS_PINS, cpu_identity
+    from gc25d_core.numerics import NUMERICS_PINS, cpu_identity
     from gc25d_core.train.previews import learning_signal_report
 
     run_stage(with_sft(world, "tiny", BENCH_SFT), "sft", tmp_path / "run", StdoutReporter(rank=0))

@@ -2,9 +2,10 @@
 accelerator. A CPU chain's tables match to the digit only between boxes that agree here: the
 Makefile pins the kernels' instruction sets (AVX2), but MKL honours its branch pin on Intel CPUs
 only, so an Intel box and an AMD box round the same GEMMs differently and a 400-step SFT carries
-that into every digit (docs/learning_signal.md, "`make run` on an Intel Xeon"). done.json keeps
-this record, and the teacher's table names it, so a reader comparing two tables can tell a code
-change from another box."""
+that into every digit (docs/learning_signal.md, "`make run` on an Intel Xeon"). The records that
+keep it: a training run's done.json and state slots (the teacher's table prints it), the tiny VAE
+fit's tiny_vae.json and each kept eval row (the eval table prints it, and names the rows computed
+under other numerics), so a reader comparing two tables can tell a code change from another box."""
 
 from __future__ import annotations
 

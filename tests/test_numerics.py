@@ -3,7 +3,7 @@ the kernels' pins as the process has them, and the line the teacher's table prin
 
 from __future__ import annotations
 
-from gc25d_core.train.numerics import (
+from gc25d_core.numerics import (
     NUMERICS_PINS,
     cpu_identity,
     numerics_differ,
@@ -69,3 +69,24 @@ def test_what_differs_is_named_field_by_field_and_an_old_state_is_no_difference(
     assert numerics_differ(amd, now) == (
         "cpu: EPYC -> Xeon; cpu_vendor: AuthenticAMD -> GenuineIntel; MKL_CBWR: None -> AVX2; threads: 2 -> 1"
     )
+
+
+def test_the_eval_table_names_one_record_or_the_rows_of_each():
+    from gc25d_core.eval.report import numerics_note
+
+    intel = {"cpu_vendor": "GenuineIntel", "cpu": "Xeon", "aten_cpu_capability": "AVX2", "threads": 1}
+    amd = {**intel, "cpu_vendor": "AuthenticAMD", "cpu": "EPYC"}
+
+    def result(label: str, **sweeps: object) -> dict:
+        return {"export": {"label": label}, "numerics": sweeps}
+
+    same = [result("sft", clip28=intel), result("stage1_tf", clip28=intel, live240=intel)]
+    assert numerics_note(same) == numerics_line(intel)
+    mixed = [result("sft", clip28=amd, chain241=amd), result("stage1_tf", clip28=intel, live240=None)]
+    assert numerics_note(mixed).splitlines() == [
+        "rows computed under other numerics:",
+        f"- {numerics_line(amd).removeprefix('numerics: ')}: sft/clip28, sft/chain241",
+        f"- {numerics_line(intel).removeprefix('numerics: ')}: stage1_tf/clip28",
+        "- not recorded: stage1_tf/live240",
+    ]
+    assert numerics_note([]) == "" and numerics_note([{"export": {"label": "sft"}}]) == ""
