@@ -85,3 +85,28 @@ def numerics_differ(saved: Any, now: dict[str, Any]) -> str | None:
         elif saved.get(key) != now.get(key):
             changes.append(f"{key}: {saved.get(key)} -> {now.get(key)}")
     return "; ".join(changes) or None
+
+
+# ATen's float unary ops that may run on MKL's vector maths (aten/src/ATen/cpu/vml.h); those it now
+# runs on its own vector code cost nothing to warm
+VML_OPS = (
+    "abs", "acos", "asin", "atan", "cos", "erf", "erfc", "exp", "expm1",
+    "log", "log10", "log1p", "log2", "sin", "sqrt", "tan", "tanh", "trunc",
+)  # fmt: skip
+
+
+def resolve_vml_dispatch() -> None:
+    """Run each of MKL's vector-maths ops once, on one element, on this thread, before any of them
+    runs on several intra-op threads at once. Written by hand because the fix is not in the torch we
+    pin (pytorch/pytorch#188792, PR #188791 open): oneMKL picks each function's kernel on its
+    first call, and first calls racing on several threads can run one thread's chunk of that call
+    on a low-accuracy kernel. Here, in about one fresh process in ten, Adam's first ``sqrt`` on the
+    tiny VAE's first weights came back off by 1 ulp on a thread's half, and the fit ended in other
+    weights (docs/learning_signal.md). A 1-element op runs inline on the calling thread, so its
+    first call settles the dispatch for every thread after it. Idempotent; about a millisecond."""
+    import torch
+
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((1,), 0.5, dtype=dtype)
+        for op in VML_OPS:
+            getattr(torch, op)(x)

@@ -16,6 +16,14 @@ os.environ.setdefault("DIFFSYNTH_SKIP_DOWNLOAD", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test process settles MKL's vector-maths dispatch on one thread before a test runs those
+    ops on several (gc25d_core.numerics.resolve_vml_dispatch), as every job's process does."""
+    from gc25d_core.numerics import resolve_vml_dispatch
+
+    resolve_vml_dispatch()
+
+
 @pytest.fixture
 def tiny_cfg(tmp_path: Path) -> Gc25dConfig:
     """The tiny preset with every path under tmp_path."""

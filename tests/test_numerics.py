@@ -3,6 +3,8 @@ the kernels' pins as the process has them, and the line the teacher's table prin
 
 from __future__ import annotations
 
+import os
+
 from gc25d_core.numerics import (
     NUMERICS_PINS,
     cpu_identity,
@@ -90,3 +92,33 @@ def test_the_eval_table_names_one_record_or_the_rows_of_each():
         "- not recorded: stage1_tf/live240",
     ]
     assert numerics_note([]) == "" and numerics_note([{"export": {"label": "sft"}}]) == ""
+
+
+# a fresh process: the dispatch settled (or not), then the first sqrt of 5,184 floats on 2 threads
+# (Adam's first step on the tiny VAE's first conv weight), against the correctly rounded one
+_FIRST_SQRT = """
+import sys, torch
+torch.set_num_threads(2)
+if sys.argv[1] == "settled":
+    from gc25d_core.numerics import resolve_vml_dispatch
+    resolve_vml_dispatch()
+x = torch.rand(5184, generator=torch.Generator().manual_seed(0)) * 1e-6
+print(int((x.sqrt() != x.double().sqrt().float()).sum()))
+"""
+
+
+def test_the_first_multi_threaded_sqrt_of_a_settled_process_is_correctly_rounded():
+    """MKL's first-call dispatch race (pytorch/pytorch#188792): without ``resolve_vml_dispatch`` the
+    first sqrt missed in 7 of 30 fresh processes run one after another on this 2-core box (none in
+    36 run four at once: the race needs both threads on a core together). With it, none may miss.
+    The race cannot be forced, so without the call this fails in most runs, not every one."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    cmd = [sys.executable, "-c", _FIRST_SQRT, "settled"]
+    misses = [
+        int(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True).stdout)
+        for _ in range(12)
+    ]
+    assert misses == [0] * 12, misses

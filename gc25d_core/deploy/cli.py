@@ -346,9 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     from gc25d_core.deploy.locate import NoExportError
     from gc25d_core.models.export import ExportError
     from gc25d_core.models.loading import WeightsError
+    from gc25d_core.numerics import resolve_vml_dispatch
     from gc25d_core.schema import ConfigError
 
     args = build_parser().parse_args(argv)
+    resolve_vml_dispatch()  # before the session runs MKL's vector maths on several threads
     try:
         if args.cmd == "play":
             play(args)

@@ -21,6 +21,7 @@ from gc25d_core.compat import name_the_deepspeed_accelerator
 from gc25d_core.config import Gc25dConfig, config_from_yaml
 from gc25d_core.distributed import is_distributed_launch, process_group
 from gc25d_core.lifeline import die_with_parent, register
+from gc25d_core.numerics import resolve_vml_dispatch
 from gc25d_core.report import Reporter, open_reporter
 from gc25d_core.run_lock import hold_run_folder
 
@@ -58,6 +59,7 @@ def run_job(parser: argparse.ArgumentParser, main: JobMain, argv: list[str] | No
     def _entry() -> None:
         name_the_deepspeed_accelerator()  # before any import of DeepSpeed
         _quiet_library_deprecations()
+        resolve_vml_dispatch()  # before any op runs MKL's vector maths on several threads
         args = parser.parse_args(argv)
         cfg = config_from_yaml(args.config)
         # the lock is collective (rank 0 takes it, every rank learns the outcome) and comes before
