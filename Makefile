@@ -25,9 +25,10 @@ export HF_HUB_OFFLINE := 1
 # MKL honours its branch pin on Intel CPUs only (its cross-vendor branch, COMPATIBLE, is SSE2 and
 # ≈ 2.6x slower on these GEMMs), and there its AVX2 mode is strict: plain AVX2 picks a GEMM kernel
 # by the GEMM's shape and rounds otherwise when the box is busy (the tiny VAE's fit alone gave other
-# weights beside one busy core, also with MKL_DYNAMIC=FALSE; strict: the same). On that Intel box
-# `make run` still printed other digits from run to run (docs/learning_signal.md, "`make run` on an
-# Intel Xeon"); the AMD boxes gave the same tables run after run.
+# weights beside one busy core, also with MKL_DYNAMIC=FALSE; strict: the same). The rest of that box's
+# run-to-run digits came from MKL's first-call race on several threads, which every process now
+# settles before it computes (gc25d_core.numerics.resolve_vml_dispatch; docs/learning_signal.md,
+# "`make run` on an Intel Xeon", session 47).
 # Override with e.g. `make run ATEN_CPU_CAPABILITY=avx512`.
 export ATEN_CPU_CAPABILITY ?= avx2
 export MKL_CBWR ?= AVX2,STRICT
