@@ -122,3 +122,29 @@ def test_the_first_multi_threaded_sqrt_of_a_settled_process_is_correctly_rounded
         for _ in range(12)
     ]
     assert misses == [0] * 12, misses
+
+
+_JOB = """
+import sys
+import gc25d_core.jobs.common as common
+order = []
+common.resolve_vml_dispatch = lambda: order.append("settle")
+common.run_job(common.base_parser("t"), lambda args, cfg, rep: order.append("main"), sys.argv[1:])
+print("order:", ",".join(order))
+"""
+
+
+def test_a_job_settles_the_dispatch_before_its_main(tiny_cfg, tmp_path):
+    """Every job's process (jobs/common.run_job, the entry of each torchrun job) settles the
+    dispatch before its main computes anything."""
+    import subprocess
+    import sys
+
+    from gc25d_core.config import write_resolved
+
+    run_dir = tmp_path / "run"
+    config = write_resolved(tiny_cfg, run_dir)
+    cmd = [sys.executable, "-c", _JOB, "--config", str(config), "--run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "order: settle,main" in proc.stdout.splitlines(), proc.stdout[-2000:]
