@@ -98,12 +98,13 @@ VML_OPS = (
 def resolve_vml_dispatch() -> None:
     """Run each of MKL's vector-maths ops once, on one element, on this thread, before any of them
     runs on several intra-op threads at once. Written by hand because the fix is not in the torch we
-    pin (pytorch/pytorch#188792, PR #188791 open): oneMKL picks each function's kernel on its
-    first call, and first calls racing on several threads can run one thread's chunk of that call
-    on a low-accuracy kernel. Here, in about one fresh process in ten, Adam's first ``sqrt`` on the
-    tiny VAE's first weights came back off by 1 ulp on a thread's half, and the fit ended in other
-    weights (docs/learning_signal.md). A 1-element op runs inline on the calling thread, so its
-    first call settles the dispatch for every thread after it. Idempotent; about a millisecond."""
+    pin (pytorch/pytorch#188792, PR #188791 open): oneMKL picks each function's kernel on its first
+    call, and first calls racing on several threads can run one thread's chunk of that call on a
+    low-accuracy kernel. Here it hit Adam's first ``sqrt`` in the tiny VAE's 2-thread fit, in some
+    fresh processes and not others, so the fit's weights, and every table after them, changed from
+    run to run (docs/learning_signal.md, session 47). A 1-element op runs inline on the calling
+    thread, so its first call settles the dispatch for every thread after it. Idempotent; a few
+    milliseconds."""
     import torch
 
     for dtype in (torch.float32, torch.float64):

@@ -133,8 +133,8 @@ class ResultStore:
 
     def put(self, key: str, row: dict[str, Any]) -> None:
         """``row``: {"sampler": …, "sweep": the sweep's result, "strip": PNG bytes or None,
-        "numerics": the computing process's record or None}; NaN
-        kept as NaN so that a kept row gives the same report files as a fresh one."""
+        "numerics": the computing process's record or None}; NaN kept as NaN so that a kept row
+        gives the same report files as a fresh one."""
         strip = row.get("strip")
         doc = {
             "key": key,
