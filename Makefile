@@ -23,12 +23,12 @@ export HF_HUB_OFFLINE := 1
 # sums round differently, and the 400-step CPU SFT carries that to the tables' digits: 4.2 % against
 # 15.7 % cond below uncond at t = 500 on two boxes). tests/__init__.py pins the same for the tests.
 # MKL honours its branch pin on Intel CPUs only (its cross-vendor branch, COMPATIBLE, is SSE2 and
-# ≈ 2.6x slower on these GEMMs), and there its AVX2 mode is strict: plain AVX2 picks a GEMM kernel
-# by the GEMM's shape and rounds otherwise when the box is busy (the tiny VAE's fit alone gave other
-# weights beside one busy core, also with MKL_DYNAMIC=FALSE; strict: the same). The rest of that box's
-# run-to-run digits came from MKL's first-call race on several threads, which every process now
-# settles before it computes (gc25d_core.numerics.resolve_vml_dispatch; docs/learning_signal.md,
-# "`make run` on an Intel Xeon", session 47).
+# ≈ 2.6x slower on these GEMMs), and there its AVX2 mode is strict, as the tests need it (plain AVX2
+# picks a GEMM kernel by the GEMM's shape, and the tests hold two code paths bit for bit): one pin,
+# so make run's numerics are the tests'. An Intel box's run-to-run digits came from MKL's first-call
+# race on several threads, which every process now settles before it computes
+# (gc25d_core.numerics.resolve_vml_dispatch; docs/learning_signal.md, "`make run` on an Intel
+# Xeon", session 47).
 # Override with e.g. `make run ATEN_CPU_CAPABILITY=avx512`.
 export ATEN_CPU_CAPABILITY ?= avx2
 export MKL_CBWR ?= AVX2,STRICT
