@@ -25,6 +25,17 @@ def bench_env() -> dict[str, str]:
     return env
 
 
+def cpu_threads(n: int) -> None:
+    """A quality script's CPU work on ``n`` intra-op threads, MKL's vector-maths dispatch settled first
+    (gc25d_core.numerics.resolve_vml_dispatch), as in a job's process: its numbers repeat run to run."""
+    import torch
+
+    from gc25d_core.numerics import resolve_vml_dispatch
+
+    resolve_vml_dispatch()
+    torch.set_num_threads(n)
+
+
 def emit(**kw: Any) -> None:
     """One JSON line on stdout (what the benchmarks print)."""
     print(json.dumps(kw), flush=True)

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import cpu_threads
+
 # the scripted walk: (cells, block), a block being (move, run, attack, dodge, stance) as
 # gc25d_core.text.FIELD_RANGES reads it: walk forward, forward-left, run forward, a light attack
 SCRIPT: tuple[tuple[int, tuple[int, ...]], ...] = (
@@ -191,14 +193,12 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.ceiling_frames <= 81 or (args.ceiling_frames - 1) % 4:
         ap.error(f"--ceiling-frames {args.ceiling_frames}: 1 + 4k frames, at most a clip's 81")
 
-    import torch
-
     from gc25d_core.atomic import atomic_write_bytes, atomic_write_text
     from gc25d_core.config import load_config
     from gc25d_core.eval.ids_probe import ensure_probe, scores_from_ids
     from gc25d_core.preview import png_bytes
 
-    torch.set_num_threads(2)
+    cpu_threads(2)
     cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}, "paths": {"data_root": str(args.work)}})
     if args.frames_in is not None:
         truth, picture, ids = read_frames(args.frames_in)

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import cpu_threads
+
 
 def ids_vocab_scores(probe: Any, frames: np.ndarray, ids: np.ndarray) -> dict[str, float]:
     from gc25d_core.eval.ids_probe import score_frames
@@ -409,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
     from gc25d_core.eval.ids_probe import ensure_probe
     from gc25d_core.models.vae import build_vae
 
-    torch.set_num_threads(args.threads)
+    cpu_threads(args.threads)
     fits = [parse_fit(f) for f in args.fits.split(",") if f.strip()]
     if args.state is not None and len(fits) != 1:
         raise SystemExit(f"--state {args.state}: one fit's progress; --fits names {len(fits)}")

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import cpu_threads
+
 Frames = tuple[np.ndarray, np.ndarray, np.ndarray]  # truth, picture, ids (picture_sheet's file)
 
 
@@ -96,8 +98,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON", required=True)
     args = ap.parse_args(argv)
 
-    import torch
-
     from bench.quality.picture_sheet import read_frames
     from gc25d_core.config import load_config
     from gc25d_core.eval.ids_probe import ProbeSettings, probe_pairs
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, TypeError) as e:
             ap.error(f"--variant {name}: not a JSON object of ProbeSettings fields ({e})")
     sets = {label: read_frames(Path(p)) for label, p in (split(s, "--frames") for s in args.frames)}
-    torch.set_num_threads(2)
+    cpu_threads(2)
     cfg = load_config(args.preset, {"raw": {"root": str(args.raw)}})
     train = probe_pairs(cfg, "train", ProbeSettings().every)
     for name, settings in variants.items():

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import cpu_threads
+
 STEADY_FROM = 8  # latent frames before this are the time cache's start-up (docs/picture_study.md)
 
 
@@ -78,13 +80,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             raise SystemExit(f"--vae {spec!r}: FILE@SHA256 (the file's 64-hex SHA256 after the @)")
         specs.append((Path(path), sha))
 
-    import torch
-
     from bench.quality.picture_study import code_world_config, held_out
     from gc25d_core.models.loading import WeightsError
     from gc25d_core.models.vae_fit import load_tiny_vae
 
-    torch.set_num_threads(args.threads)
+    cpu_threads(args.threads)
     cfg = code_world_config(args.preset, args.raw)
     clips, _ = held_out(cfg, args.frames)
     if args.sheet is not None and not 0 <= args.sheet_clip < len(clips):

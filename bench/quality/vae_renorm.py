@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.common import cpu_threads
+
 
 def rms_under(mean_old, std_old, mean_new, std_new) -> float:
     """RMS of latents standardised by (mean_old, std_old) whose per-channel moments are (mean_new,
@@ -38,13 +40,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out.resolve() == args.vae.resolve():
         raise SystemExit(f"--out {args.out}: the same file as --vae (its SHA256 would change under it)")
 
-    import torch
-
     from bench.quality.picture_study import code_world_config, train_clips
     from gc25d_core.models.loading import WeightsError
     from gc25d_core.models.vae_fit import load_tiny_vae, renormalise_tiny_vae, save_tiny_vae
 
-    torch.set_num_threads(args.threads)
+    cpu_threads(args.threads)
     cfg = code_world_config(args.preset, args.raw)
     try:
         vae = load_tiny_vae(args.vae, expected_sha256=args.sha256, field="--sha256")
