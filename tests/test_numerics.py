@@ -1,5 +1,7 @@
-"""The numerics record a finished run keeps in done.json: the CPU read from /proc/cpuinfo's format,
-the kernels' pins as the process has them, and the line the teacher's table prints."""
+"""gc25d_core.numerics: the record a run keeps (done.json, tiny_vae.json, eval rows) with the CPU
+read from /proc/cpuinfo's format, the kernels' pins as the process has them, the line the teacher's
+and the eval's tables print; and the settling of MKL's vector-maths dispatch before a process
+computes on several threads."""
 
 from __future__ import annotations
 
@@ -94,14 +96,13 @@ def test_the_eval_table_names_one_record_or_the_rows_of_each():
     assert numerics_note([]) == "" and numerics_note([{"export": {"label": "sft"}}]) == ""
 
 
-# a fresh process: the dispatch settled (or not), then the first sqrt of 5,184 floats on 2 threads
-# (Adam's first step on the tiny VAE's first conv weight), against the correctly rounded one
+# a fresh process: the dispatch settled, then the first sqrt of 5,184 floats on 2 threads (Adam's
+# first step on the tiny VAE's first conv weight), against the correctly rounded one
 _FIRST_SQRT = """
-import sys, torch
+import torch
+from gc25d_core.numerics import resolve_vml_dispatch
 torch.set_num_threads(2)
-if sys.argv[1] == "settled":
-    from gc25d_core.numerics import resolve_vml_dispatch
-    resolve_vml_dispatch()
+resolve_vml_dispatch()
 x = torch.rand(5184, generator=torch.Generator().manual_seed(0)) * 1e-6
 print(int((x.sqrt() != x.double().sqrt().float()).sum()))
 """
@@ -116,7 +117,7 @@ def test_the_first_multi_threaded_sqrt_of_a_settled_process_is_correctly_rounded
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    cmd = [sys.executable, "-c", _FIRST_SQRT, "settled"]
+    cmd = [sys.executable, "-c", _FIRST_SQRT]
     misses = [
         int(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True).stdout)
         for _ in range(12)
